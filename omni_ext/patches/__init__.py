@@ -1,0 +1,154 @@
+"""The registry of omni-ext's runtime patches to vLLM-Omni: data first, code second.
+
+Every monkeypatch omni-ext makes is one :class:`Patch` entry in :data:`PATCHES`. The same list is
+read by the code that applies patches (:func:`apply_patches`), by ``omni-ext patches list`` and by
+the tests, so what is documented is what runs. Each entry says:
+
+- ``target``: the exact object replaced, ``module:Qualified.name``;
+- ``why``: the bug or gap, with the symptom an operator would see;
+- ``versions``: the vLLM-Omni versions (PEP 440 specifier) the patch was written and tested for.
+  On any other version it is skipped with one warning: upstream may have fixed or moved the code;
+- ``where``: which processes need it (``worker``: diffusion worker processes; ``all``);
+- ``diff``: the same fix as an upstreamable unified diff under ``patches/`` (checked by a test to
+  still apply to the installed vLLM-Omni source);
+- ``test``: the test that shows the bug without the patch;
+- ``removal``: when the patch can go.
+
+Patches are applied once per process, idempotently, and logged once. An operator can switch one off
+with ``OMNI_EXT_DISABLE_PATCHES=name[,name]`` (or ``all``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+logger = logging.getLogger("omni_ext.patches")
+
+DISABLE_ENV = "OMNI_EXT_DISABLE_PATCHES"
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    target: str
+    why: str
+    versions: str
+    where: str
+    diff: str
+    test: str
+    removal: str
+    upstream: str
+    apply: str  # "module:function" that performs the patch; returns nothing, must be idempotent
+    notes: str = ""
+
+    def applies_to(self, version: str) -> bool:
+        return Version(version) in SpecifierSet(self.versions)
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        name="async-output-no-accelerator",
+        target="vllm_omni.diffusion.worker.diffusion_worker:WorkerProc._async_output_loop",
+        why=(
+            "The worker's background output thread builds a D2H stream from "
+            "torch.accelerator.current_accelerator().type, which is None on a host without an "
+            "accelerator: the thread dies with AttributeError, the first (warm-up) request of every "
+            "multi-process server (mp executor, --cfg-parallel-size 2) waits for "
+            "VLLM_OMNI_ASYNC_OUTPUT_TIMEOUT (600 s) and SIGINT no longer stops the server. "
+            "Fixed by packing the output synchronously (no side stream, no pinned memory) when "
+            "there is no accelerator; behaviour with an accelerator is unchanged."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0001-worker-async-output-without-accelerator.diff",
+        test="tests/test_patches.py::test_async_output_loop_bug_and_fix",
+        removal="Drop once the upstream diff (or an equivalent) is in a vLLM-Omni release we pin.",
+        upstream="not yet filed; patches/0001-worker-async-output-without-accelerator.diff is ready to send",
+        apply="omni_ext.patches.async_output:apply",
+    ),
+)
+
+
+@dataclass
+class _State:
+    applied: dict[str, str] = field(default_factory=dict)  # name -> "applied" | "skipped: reason"
+    warned: set[str] = field(default_factory=set)
+
+
+_STATE = _State()
+
+
+def omni_version() -> str | None:
+    try:
+        return importlib.metadata.version("vllm-omni")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _disabled(environ: dict[str, str] | None = None) -> set[str]:
+    raw = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
+    return {x.strip() for x in raw.split(",") if x.strip()}
+
+
+def _resolve(qualname: str) -> Callable[[], None]:
+    module, _, attr = qualname.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def apply_patches(
+    where: str = "all",
+    patches: tuple[Patch, ...] | None = None,
+    version: str | None = None,
+) -> dict[str, str]:
+    """Apply the registered patches meant for ``where``; returns ``{name: outcome}`` for this call.
+
+    Safe to call many times: a patch already applied (or skipped) in this process is not retried.
+    """
+    patches = PATCHES if patches is None else patches
+    version = omni_version() if version is None else version
+    disabled = _disabled()
+    outcome: dict[str, str] = {}
+    for p in patches:
+        if where != "all" and p.where not in (where, "all"):
+            continue
+        if p.name in _STATE.applied:
+            outcome[p.name] = _STATE.applied[p.name]
+            continue
+        if p.name in disabled or "all" in disabled:
+            result = f"skipped: disabled by {DISABLE_ENV}"
+            logger.warning("omni-ext patch %s %s", p.name, result)
+        elif version is None:
+            result = "skipped: vllm-omni is not installed"
+        elif not p.applies_to(version):
+            result = f"skipped: vLLM-Omni {version} is outside {p.versions}"
+            if p.name not in _STATE.warned:
+                _STATE.warned.add(p.name)
+                logger.warning(
+                    "omni-ext patch %s skipped: written for vLLM-Omni %s, found %s. Check whether %s "
+                    "still needs it (see %s).",
+                    p.name,
+                    p.versions,
+                    version,
+                    p.target,
+                    p.diff,
+                )
+        else:
+            _resolve(p.apply)()
+            result = "applied"
+            logger.debug("omni-ext patch %s applied to %s", p.name, p.target)
+        _STATE.applied[p.name] = result
+        outcome[p.name] = result
+    return outcome
+
+
+def applied_patches() -> dict[str, str]:
+    """What this process has done with each patch so far."""
+    return dict(_STATE.applied)

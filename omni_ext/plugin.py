@@ -1,0 +1,83 @@
+"""The one place where omni-ext plugs into vLLM and vLLM-Omni (all entry points point here).
+
+Entry points (see ``pyproject.toml``):
+
+- ``vllm_omni.platform_plugins``: :func:`cpu_platform` returns the CPU OmniPlatform on a host with
+  no accelerator, else None so vLLM-Omni's own CUDA/NPU platform wins.
+- ``vllm.general_plugins``: :func:`register_vllm`. Runs in the API process while the CLI parser is
+  built (before config resolution), and again in every process that loads vLLM-Omni's plugins.
+- ``vllm_omni.general_plugins``: :func:`register_omni`. Runs in the API process before stages
+  start, in stage processes and in every diffusion worker.
+
+Both register functions do the same cheap, idempotent activation and log one line per process
+naming the features that are active there, so an operator can see from the log that the plugin
+reached the API server and each worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+
+from omni_ext import __version__
+
+logger = logging.getLogger("omni_ext")
+
+_ACTIVE: dict[str, object] | None = None
+
+
+def _ensure_log_handler() -> None:
+    # vLLM configures its own loggers; ours would otherwise be silent at INFO.
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [omni-ext] %(message)s", "%m-%d %H:%M:%S"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(os.environ.get("OMNI_EXT_LOG_LEVEL", "INFO").upper())
+
+
+def _activate(side: str) -> dict[str, object]:
+    """Activate omni-ext in this process once; return what is active."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        return _ACTIVE
+    _ensure_log_handler()
+    from omni_ext.patches import apply_patches
+    from omni_ext.platform.detect import cpu_platform_qualname
+    from omni_ext.platform.threads import remember_user_omp
+
+    remember_user_omp()
+    cpu = cpu_platform_qualname() is not None
+    patches = apply_patches("all")
+    applied = sorted(n for n, r in patches.items() if r == "applied")
+    skipped = sorted(n for n, r in patches.items() if r != "applied")
+    _ACTIVE = {"side": side, "cpu_platform": cpu, "patches": applied, "skipped": skipped}
+    logger.info(
+        "omni-ext %s loaded in %s (pid %d, via %s): cpu-platform=%s patches=%s%s",
+        __version__,
+        multiprocessing.current_process().name,
+        os.getpid(),
+        side,
+        "on" if cpu else "off",
+        ",".join(applied) or "none",
+        f" skipped={','.join(skipped)}" if skipped else "",
+    )
+    return _ACTIVE
+
+
+def register_vllm() -> None:
+    """``vllm.general_plugins`` entry point."""
+    _activate("vllm.general_plugins")
+
+
+def register_omni() -> None:
+    """``vllm_omni.general_plugins`` entry point."""
+    _activate("vllm_omni.general_plugins")
+
+
+def cpu_platform() -> str | None:
+    """``vllm_omni.platform_plugins`` entry point."""
+    from omni_ext.platform.detect import cpu_platform_qualname
+
+    return cpu_platform_qualname()
