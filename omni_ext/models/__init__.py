@@ -1,0 +1,1 @@
+"""Model-building helpers (tiny random-weight pipelines for tests and CPU benchmarks)."""
