@@ -38,37 +38,59 @@ def _ensure_log_handler() -> None:
 
 
 def _activate(side: str) -> dict[str, object]:
-    """Activate omni-ext in this process once; return what is active."""
+    """Activate omni-ext in this process (idempotent); log once, and again only if something changed.
+
+    Called from both entry-point groups: in the API process the first call can come before
+    vLLM-Omni's HTTP module is imported, so API-side patches are picked up on the later call.
+    """
     global _ACTIVE
-    if _ACTIVE is not None:
-        return _ACTIVE
-    _ensure_log_handler()
     from omni_ext.patches import apply_patches
     from omni_ext.platform.detect import cpu_platform_qualname
     from omni_ext.platform.threads import remember_user_omp
 
-    remember_user_omp()
-    cpu = cpu_platform_qualname() is not None
-    patches = apply_patches("all")
-    applied = sorted(n for n, r in patches.items() if r == "applied")
-    skipped = sorted(n for n, r in patches.items() if r != "applied")
-    _ACTIVE = {"side": side, "cpu_platform": cpu, "patches": applied, "skipped": skipped}
-    logger.info(
-        "omni-ext %s loaded in %s (pid %d, via %s): cpu-platform=%s patches=%s%s",
-        __version__,
-        multiprocessing.current_process().name,
-        os.getpid(),
-        side,
-        "on" if cpu else "off",
-        ",".join(applied) or "none",
-        f" skipped={','.join(skipped)}" if skipped else "",
-    )
+    if _ACTIVE is None:
+        _ensure_log_handler()
+        remember_user_omp()
+    outcome = apply_patches()
+    state: dict[str, object] = {
+        "cpu_platform": cpu_platform_qualname() is not None,
+        "patches": sorted(n for n, r in outcome.items() if r == "applied"),
+        "skipped": sorted(n for n, r in outcome.items() if r != "applied"),
+    }
+    if _ACTIVE is None or {k: v for k, v in _ACTIVE.items() if k != "side"} != state:
+        logger.info(
+            "omni-ext %s loaded in %s (pid %d, via %s): cpu-platform=%s patches=%s%s",
+            __version__,
+            multiprocessing.current_process().name,
+            os.getpid(),
+            side,
+            "on" if state["cpu_platform"] else "off",
+            ",".join(state["patches"]) or "none",  # type: ignore[arg-type]
+            f" skipped={','.join(state['skipped'])}" if state["skipped"] else "",  # type: ignore[arg-type]
+        )
+    _ACTIVE = {"side": side, **state}
     return _ACTIVE
 
 
 def register_vllm() -> None:
-    """``vllm.general_plugins`` entry point."""
+    """``vllm.general_plugins`` entry point (in ``vllm-omni serve`` it runs before arguments are parsed)."""
     _activate("vllm.general_plugins")
+    _check_serve_command()
+
+
+def _check_serve_command() -> None:
+    """Fail fast, with one clear line, on a ``vllm-omni serve`` model that cannot be loaded."""
+    import sys
+
+    from omni_ext.startup import check_model, serve_model_arg
+
+    if multiprocessing.current_process().name != "MainProcess":
+        return
+    model = serve_model_arg(sys.argv)
+    problem = check_model(model) if model else None
+    if problem:
+        logger.error("omni-ext: cannot start vllm-omni serve: %s", problem)
+        raise SystemExit(2)
 
 
 def register_omni() -> None:

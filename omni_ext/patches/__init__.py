@@ -8,7 +8,8 @@ the tests, so what is documented is what runs. Each entry says:
 - ``why``: the bug or gap, with the symptom an operator would see;
 - ``versions``: the vLLM-Omni versions (PEP 440 specifier) the patch was written and tested for.
   On any other version it is skipped with one warning: upstream may have fixed or moved the code;
-- ``where``: which processes need it (``worker``: diffusion worker processes; ``all``);
+- ``where``: which processes need it: ``worker`` (every process that may host a diffusion worker;
+  cheap to apply anywhere) or ``api`` (only the process serving HTTP);
 - ``diff``: the same fix as an upstreamable unified diff under ``patches/`` (checked by a test to
   still apply to the installed vLLM-Omni source);
 - ``test``: the test that shows the bug without the patch;
@@ -74,16 +75,34 @@ PATCHES: tuple[Patch, ...] = (
         upstream="not yet filed; patches/0001-worker-async-output-without-accelerator.diff is ready to send",
         apply="omni_ext.patches.async_output:apply",
     ),
+    Patch(
+        name="validate-diffusion-requests",
+        target="vllm_omni.entrypoints.async_omni:AsyncOmni.generate",
+        why=(
+            "vLLM-Omni accepts diffusion requests the model cannot honour and answers HTTP 200 with "
+            "something else: a 30x30 Wan request is silently floored to 16x16, num_inference_steps=0 "
+            "returns undenoised noise, num_frames=0 becomes 1 frame, and Qwen-Image with 1 step "
+            "returns NaN. Every route reaches the engine through AsyncOmni.generate, so the check "
+            "there rejects these with HTTP 400 (OmniClientError) before anything is queued."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0002-async-omni-validate-diffusion-requests.diff",
+        test="tests/test_serving.py::test_stock_accepts_bad_size_silently",
+        removal="Drop once vLLM-Omni validates request shapes against the model (upstream diff ready).",
+        upstream="not yet filed; patches/0002-async-omni-validate-diffusion-requests.diff is ready to send",
+        apply="omni_ext.patches.request_validation:apply",
+    ),
 )
 
 
 @dataclass
-class _State:
+class PatchState:
     applied: dict[str, str] = field(default_factory=dict)  # name -> "applied" | "skipped: reason"
     warned: set[str] = field(default_factory=set)
 
 
-_STATE = _State()
+_STATE = PatchState()
 
 
 def omni_version() -> str | None:
@@ -103,24 +122,39 @@ def _resolve(qualname: str) -> Callable[[], None]:
     return getattr(importlib.import_module(module), attr)
 
 
+def process_roles() -> set[str]:
+    """Roles of this process: always ``worker``; ``api`` when vLLM-Omni's HTTP server is loaded here."""
+    import sys
+
+    roles = {"worker"}
+    if "vllm_omni.entrypoints.openai.api_server" in sys.modules:
+        roles.add("api")
+    return roles
+
+
 def apply_patches(
-    where: str = "all",
+    roles: set[str] | None = None,
     patches: tuple[Patch, ...] | None = None,
     version: str | None = None,
+    state: PatchState | None = None,
 ) -> dict[str, str]:
-    """Apply the registered patches meant for ``where``; returns ``{name: outcome}`` for this call.
+    """Apply the registered patches meant for ``roles`` (default: :func:`process_roles`).
+
+    Returns ``{name: outcome}`` for the patches considered.
 
     Safe to call many times: a patch already applied (or skipped) in this process is not retried.
     """
+    st = _STATE if state is None else state
+    roles = process_roles() if roles is None else roles
     patches = PATCHES if patches is None else patches
     version = omni_version() if version is None else version
     disabled = _disabled()
     outcome: dict[str, str] = {}
     for p in patches:
-        if where != "all" and p.where not in (where, "all"):
+        if p.where not in roles:
             continue
-        if p.name in _STATE.applied:
-            outcome[p.name] = _STATE.applied[p.name]
+        if p.name in st.applied:
+            outcome[p.name] = st.applied[p.name]
             continue
         if p.name in disabled or "all" in disabled:
             result = f"skipped: disabled by {DISABLE_ENV}"
@@ -129,8 +163,8 @@ def apply_patches(
             result = "skipped: vllm-omni is not installed"
         elif not p.applies_to(version):
             result = f"skipped: vLLM-Omni {version} is outside {p.versions}"
-            if p.name not in _STATE.warned:
-                _STATE.warned.add(p.name)
+            if p.name not in st.warned:
+                st.warned.add(p.name)
                 logger.warning(
                     "omni-ext patch %s skipped: written for vLLM-Omni %s, found %s. Check whether %s "
                     "still needs it (see %s).",
@@ -144,7 +178,7 @@ def apply_patches(
             _resolve(p.apply)()
             result = "applied"
             logger.debug("omni-ext patch %s applied to %s", p.name, p.target)
-        _STATE.applied[p.name] = result
+        st.applied[p.name] = result
         outcome[p.name] = result
     return outcome
 

@@ -35,6 +35,7 @@ class CpuOmniPlatform(OmniPlatform, CpuPlatform):
     dispatch_key: str = "CPU"
     dist_backend: str = "gloo"
     device_control_env_var: str = "OMNI_EXT_CPU_VISIBLE_DEVICES"
+    _threads_logged: bool = False
 
     # ---- devices -------------------------------------------------------------------------
     @classmethod
@@ -58,8 +59,11 @@ class CpuOmniPlatform(OmniPlatform, CpuPlatform):
     def set_device(cls, device: torch.device) -> None:
         """Called once per worker after RANK/WORLD_SIZE are set: size this worker's thread pool."""
         world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        before = torch.get_num_threads()
         n = threads.apply_worker_threads(world)
-        logger.info("omni-ext CPU worker rank %s/%d uses %d thread(s)", os.environ.get("RANK", "0"), world, n)
+        if n != before or not cls._threads_logged:
+            cls._threads_logged = True
+            logger.info("omni-ext CPU worker rank %s/%d uses %d thread(s)", os.environ.get("RANK", "0"), world, n)
 
     @classmethod
     def synchronize(cls) -> None:

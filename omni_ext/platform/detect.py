@@ -29,19 +29,20 @@ def switch_value(environ: dict[str, str] | None = None) -> str:
     return "auto"
 
 
-def accelerator_present() -> str | None:
+def accelerator_present(dev: Path = Path("/dev"), check_torch: bool = True) -> str | None:
     """Name of an accelerator visible to this host, or None.
 
     Looks at device nodes and driver-level hints rather than importing torch_npu or calling
     ``torch.cuda.is_available()`` (which would initialise CUDA in the API process).
     """
-    dev = Path("/dev")
     if any(dev.glob("davinci[0-9]*")):
         return "npu"
     if any(dev.glob("nvidia[0-9]*")):
         return "cuda"
     if (dev / "kfd").exists() and any(dev.glob("dri/renderD*")):
         return "rocm"
+    if not check_torch:
+        return None
     try:
         import torch
 
@@ -53,14 +54,14 @@ def accelerator_present() -> str | None:
     return None
 
 
-def cpu_platform_qualname(environ: dict[str, str] | None = None) -> str | None:
+def cpu_platform_qualname(environ: dict[str, str] | None = None, dev: Path = Path("/dev")) -> str | None:
     """Entry point body for ``vllm_omni.platform_plugins``: the CPU platform, or None to stay out."""
     switch = switch_value(environ)
     if switch == "0":
         logger.debug("omni-ext CPU platform disabled by %s=0", ENV_SWITCH)
         return None
     if switch == "auto":
-        acc = accelerator_present()
+        acc = accelerator_present(dev)
         if acc is not None:
             logger.debug("omni-ext CPU platform inactive: %s accelerator present", acc)
             return None

@@ -1,0 +1,1 @@
+"""omni-ext's HTTP side: request validation and (later) OpenAI-compatible routes."""
