@@ -1,0 +1,99 @@
+"""Shared fixtures: tiny models built once per session, and real ``vllm-omni serve`` processes.
+
+Starting a server costs 20-80 s on a 2-core CPU, so every server configuration the suite needs is
+declared once in ``SERVERS`` and all of them are started together (in parallel) the first time any
+test asks for one; tests then share them for the whole session.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from omni_ext.server_process import ServeProcess
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# name -> (tiny model, extra serve args, extra env)
+SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
+    "wan": ("wan2.1-t2v", [], {}),
+    "wan-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2"], {}),
+    "qwen": ("qwen-image", [], {}),
+    "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2"], {}),
+    # The same Wan server with omni-ext's request validation switched off: shows the stock behaviour.
+    "wan-stock-validation": ("wan2.1-t2v", [], {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests"}),
+}
+START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from omni_ext.models.tiny import MODELS, build_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {m: build_tiny_model(m, root / m) for m in MODELS}
+
+
+class ServerPool:
+    """Starts all declared servers at once on first use; hands out ready ones by name."""
+
+    def __init__(self, models: dict[str, Path], log_dir: Path) -> None:
+        self.models = models
+        self.log_dir = log_dir
+        self.procs: dict[str, ServeProcess] = {}
+        self.errors: dict[str, BaseException] = {}
+        self._lock = threading.Lock()
+        self._ready: dict[str, threading.Event] = {}
+
+    def _start_all(self) -> None:
+        for name, (model, args, env) in SERVERS.items():
+            proc = ServeProcess(
+                model=str(self.models[model]),
+                args=args,
+                env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(self.log_dir / f"storage-{name}"), **env},
+                log_path=self.log_dir / f"{name}.log",
+            )
+            self.procs[name] = proc.start()
+            self._ready[name] = threading.Event()
+            threading.Thread(target=self._wait, args=(name,), daemon=True).start()
+
+    def _wait(self, name: str) -> None:
+        try:
+            self.procs[name].wait_ready(START_TIMEOUT_S)
+        except BaseException as exc:  # reported to the test that asks for this server
+            self.errors[name] = exc
+        finally:
+            self._ready[name].set()
+
+    def get(self, name: str) -> ServeProcess:
+        with self._lock:
+            if not self.procs:
+                self._start_all()
+        self._ready[name].wait()
+        if name in self.errors:
+            pytest.fail(f"server {name!r} did not start: {self.errors[name]}")
+        return self.procs[name]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def server_pool(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    pool = ServerPool(tiny_models, tmp_path_factory.mktemp("servers"))
+    yield pool
+    pool.stop()
+    for name, proc in pool.procs.items():
+        if proc.ready_after_s is not None:
+            print(f"\n[servers] {name}: ready after {proc.ready_after_s:.1f} s ({proc.log_path})")
+
+
+@pytest.fixture
+def server(server_pool: ServerPool, request: pytest.FixtureRequest) -> ServeProcess:
+    """Use with ``@pytest.mark.parametrize("server", ["wan"], indirect=True)``."""
+    return server_pool.get(request.param)

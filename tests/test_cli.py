@@ -1,0 +1,64 @@
+"""``omni-ext`` CLI reads the same registry the code applies; start-up checks are plain logic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from omni_ext.patches import PATCHES
+from omni_ext.startup import check_model, serve_model_arg
+
+
+def run_cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "omni_ext.cli", *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_patches_list_json_is_the_registry() -> None:
+    out = json.loads(run_cli("patches", "list", "--json"))
+    assert out["vllm_omni"] == "0.30.0"
+    listed = [{k: v for k, v in row.items() if k != "active_for_installed"} for row in out["patches"]]
+    assert listed == [asdict(p) for p in PATCHES]
+    assert all(row["active_for_installed"] for row in out["patches"])
+
+
+def test_patches_list_text_names_every_patch() -> None:
+    out = run_cli("patches", "list")
+    for p in PATCHES:
+        assert p.name in out and p.target in out and p.diff in out
+
+
+def test_info_shows_entry_points() -> None:
+    info = json.loads(run_cli("info"))
+    assert info["vllm-omni"] == "0.30.0"
+    assert info["cpu_platform"] == "omni_ext.platform.cpu.CpuOmniPlatform"
+    assert set(info["entry_points"]) == {
+        "vllm_omni.platform_plugins:omni_ext_cpu",
+        "vllm_omni.general_plugins:omni_ext",
+        "vllm.general_plugins:omni_ext",
+    }
+
+
+@pytest.mark.parametrize(
+    "argv,model",
+    [(["vllm-omni", "serve", "/m", "--omni"], "/m"), (["vllm-omni", "serve", "--omni", "--model", "x/y"], "x/y"),
+     (["vllm-omni", "serve", "/m"], None), (["vllm-omni", "bench", "--omni"], None)],
+)
+def test_serve_model_arg(argv: list[str], model: str | None) -> None:
+    assert serve_model_arg(argv) == model
+
+
+def test_check_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "does not exist" in check_model(str(tmp_path / "nope"))
+    assert "neither model_index.json" in check_model(str(tmp_path))
+    (tmp_path / "model_index.json").write_text("{}")
+    assert check_model(str(tmp_path)) is None
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert "Hugging Face cache" in check_model("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
