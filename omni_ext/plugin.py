@@ -51,6 +51,8 @@ def _activate(side: str) -> dict[str, object]:
     if _ACTIVE is None:
         _ensure_log_handler()
         remember_user_omp()
+    if multiprocessing.current_process().name == "MainProcess":
+        _ensure_progress_dir()
     outcome = apply_patches()
     state: dict[str, object] = {
         "cpu_platform": cpu_platform_qualname() is not None,
@@ -70,6 +72,20 @@ def _activate(side: str) -> dict[str, object]:
         )
     _ACTIVE = {"side": side, **state}
     return _ACTIVE
+
+
+def _ensure_progress_dir() -> None:
+    """The API process picks the step-progress directory before any worker starts (they inherit it)."""
+    import atexit
+    import shutil
+
+    from omni_ext.api.progress import ENV, ensure_progress_dir
+
+    if os.environ.get(ENV):
+        return
+    path = ensure_progress_dir()
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(path, ignore_errors=True))
 
 
 def register_vllm() -> None:

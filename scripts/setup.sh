@@ -37,6 +37,8 @@ log "fix-ups for a CPU-only host (each for an exact error; see README)"
 
 log "omni-ext (editable, dev extras)"
 pip_q install -e "$ROOT[dev]"
+log "openai SDK 2.26 (the last that sends videos.create as JSON) for the compatibility tests"
+pip_q install --no-deps --upgrade --target "$VENV/openai-2.26" "openai==2.26.0"
 "$VENV/bin/python" "$ROOT/scripts/cpu_fixups.py" --check
 echo "$want" > "$STAMP"
 log "done: $VENV"

@@ -69,7 +69,7 @@ def limits_for_model(model: str) -> ModelLimits:
     multiple = factor * _patch(transformer) if factor else 0
     # FlowMatch schedulers stretched to a terminal sigma give sigmas [nan, 0] for a single step.
     min_steps = 2 if scheduler.get("shift_terminal") else 1
-    is_video = "temperal_downsample" in vae and "Wan" in str(pipeline)
+    is_video = any(k in str(pipeline) for k in ("Wan", "Video"))
     return ModelLimits(pipeline=pipeline, spatial_multiple=multiple, min_steps=min_steps, is_video=is_video)
 
 

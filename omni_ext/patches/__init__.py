@@ -93,6 +93,75 @@ PATCHES: tuple[Patch, ...] = (
         upstream="not yet filed; patches/0002-async-omni-validate-diffusion-requests.diff is ready to send",
         apply="omni_ext.patches.request_validation:apply",
     ),
+    Patch(
+        name="step-progress",
+        target="vllm_omni.diffusion.models.progress_bar:ProgressBarMixin.progress_bar",
+        why=(
+            "vLLM-Omni has no per-step progress path to HTTP: GET /v1/videos/{id} reports progress 0 "
+            "until it jumps to 100, so clients cannot tell a 3-minute video from a hung one. The "
+            "denoise loop already drives ProgressBarMixin.progress_bar on rank 0; the patch also "
+            "records each step (and, via DiffusionModelRunner._execute_request_list, which request "
+            "it belongs to) in a small file the API process reads when a client polls."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0003-diffusion-step-progress-reporting.diff",
+        test="tests/test_api.py::test_progress_moves_and_poll_header",
+        removal="Drop once vLLM-Omni streams per-step progress to the API process (upstream diff ready).",
+        upstream="not yet filed; patches/0003-diffusion-step-progress-reporting.diff is ready to send",
+        apply="omni_ext.patches.step_progress:apply",
+    ),
+    Patch(
+        name="cancel-at-step",
+        target="vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
+        why=(
+            "Deleting a running video job aborts the request in the engine, but Wan and Qwen-Image do not "
+            "opt into vLLM-Omni's cooperative cancellation, so the workers keep denoising to the last "
+            "step and the next request waits for a job nobody wants. The patch opts both pipelines in "
+            "and checks the cancellation flags (a collective over the ranks) at every denoise step."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0006-wan-qwen-image-cooperative-cancellation.diff",
+        test="tests/test_api.py::test_delete_cancels_running_job",
+        removal="Drop once the pipelines set supports_request_cancellation upstream (diff ready).",
+        upstream="not yet filed; patches/0006-wan-qwen-image-cooperative-cancellation.diff is ready to send",
+        apply="omni_ext.patches.step_progress:apply_cancellation",
+        notes="Sets supports_request_cancellation on Wan22Pipeline and QwenImagePipeline.",
+    ),
+    Patch(
+        name="openai-routes",
+        target="vllm_omni.entrypoints.openai.api_server:router",
+        why=(
+            "vLLM-Omni has no hook for routes, and its /v1/videos accepts only multipart (OpenAI SDKs "
+            "before 2.27 send JSON), keeps jobs in memory (a restart loses them), reports no progress "
+            "or poll interval, lacks response_format=url for images, and encodes MP4s on the event "
+            "loop. The patch swaps those routes on vLLM-Omni's module router for omni-ext's before the "
+            "app includes it, and opens omni-ext's job store when the app state is initialised."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0004-api-server-route-plugins.diff",
+        test="tests/test_api.py::test_json_create_rejected_by_stock_route",
+        removal="Register the router through the vllm_omni.api_routes entry-point group once upstream has it (diff 0004).",
+        upstream="not yet filed; patches/0004-api-server-route-plugins.diff adds the hook",
+        apply="omni_ext.patches.openai_routes:apply",
+    ),
+    Patch(
+        name="openai-auth-errors",
+        target="vllm.entrypoints.serve.middleware.authenticate:AuthenticationMiddleware.__call__",
+        why=(
+            "With --api-key, vLLM answers a missing or wrong key with 401 {\"error\": \"Unauthorized\"}, "
+            "which OpenAI SDKs cannot parse (no error.message). Same check and status, OpenAI-shaped body."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0005-vllm-auth-openai-error-body.diff",
+        test="tests/test_api.py::test_api_key_enforced_with_openai_error",
+        removal="Drop once vLLM's AuthenticationMiddleware returns an OpenAI-style error body.",
+        upstream="not yet filed; patches/0005-vllm-auth-openai-error-body.diff is ready to send",
+        apply="omni_ext.patches.auth_errors:apply",
+    ),
 )
 
 

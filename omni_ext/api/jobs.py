@@ -1,0 +1,162 @@
+"""Durable job records in an embedded SQLite database; media lives in files next to it.
+
+Why SQLite: a restart of ``vllm-omni serve`` must not lose finished jobs (their mp4s stay listed and
+downloadable) and must not leave queued/running jobs "in progress" forever: at start-up they are
+marked ``failed`` with ``error.code = "server_restarted"``. One small table, WAL mode, one lock:
+each call is a sub-millisecond local write, cheap enough to run on the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ACTIVE = ("queued", "in_progress")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    progress INTEGER NOT NULL DEFAULT 0,
+    model TEXT,
+    prompt TEXT,
+    seconds TEXT,
+    size TEXT,
+    created_at INTEGER NOT NULL,
+    completed_at INTEGER,
+    expires_at INTEGER,
+    error_code TEXT,
+    error_message TEXT,
+    media TEXT,
+    meta TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS jobs_kind_seq ON jobs(kind, seq);
+"""
+
+_COLUMNS = ("id", "kind", "status", "progress", "model", "prompt", "seconds", "size", "created_at",
+            "completed_at", "expires_at", "error_code", "error_message", "media", "meta")
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str
+    status: str = "queued"
+    progress: int = 0
+    model: str | None = None
+    prompt: str | None = None
+    seconds: str | None = None
+    size: str | None = None
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    completed_at: int | None = None
+    expires_at: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    media: dict[str, str] = field(default_factory=dict)  # variant -> file name under media_dir
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+
+class JobStore:
+    def __init__(self, db_path: Path) -> None:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(db_path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    # ---- rows <-> jobs -------------------------------------------------------------------
+    @staticmethod
+    def _row(job: Job) -> tuple[Any, ...]:
+        values = []
+        for c in _COLUMNS:
+            v = getattr(job, c)
+            values.append(json.dumps(v) if c in ("media", "meta") else v)
+        return tuple(values)
+
+    @staticmethod
+    def _job(row: tuple[Any, ...]) -> Job:
+        data = dict(zip(_COLUMNS, row))
+        data["media"] = json.loads(data["media"] or "{}")
+        data["meta"] = json.loads(data["meta"] or "{}")
+        return Job(**data)
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    # ---- API -----------------------------------------------------------------------------
+    def add(self, job: Job) -> Job:
+        with self._lock:
+            self._db.execute(
+                f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", self._row(job)
+            )
+        return job
+
+    def save(self, job: Job) -> Job:
+        sets = ", ".join(f"{c} = ?" for c in _COLUMNS[1:])
+        with self._lock:
+            self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", self._row(job)[1:] + (job.id,))
+        return job
+
+    def get(self, job_id: str) -> Job | None:
+        rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", (job_id,))
+        return self._job(rows[0]) if rows else None
+
+    def delete(self, job_id: str) -> None:
+        self._query("DELETE FROM jobs WHERE id = ?", (job_id,))
+
+    def count_active(self, kind: str) -> int:
+        return int(self._query("SELECT COUNT(*) FROM jobs WHERE kind = ? AND status IN (?, ?)", (kind, *ACTIVE))[0][0])
+
+    def list(self, kind: str, *, after: str | None, limit: int, order: str) -> tuple[list[Job], bool]:
+        """A page of jobs after the job ``after`` in creation order (``asc``/``desc``); returns (jobs, has_more)."""
+        desc = order == "desc"
+        where, params = "kind = ?", [kind]
+        if after is not None:
+            anchor = self._query("SELECT seq FROM jobs WHERE id = ? AND kind = ?", (after, kind))
+            if not anchor:
+                raise KeyError(after)
+            where += " AND seq < ?" if desc else " AND seq > ?"
+            params.append(anchor[0][0])
+        rows = self._query(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE {where} ORDER BY seq {'DESC' if desc else 'ASC'} LIMIT ?",
+            (*params, limit + 1),
+        )
+        return [self._job(r) for r in rows[:limit]], len(rows) > limit
+
+    def fail_interrupted(self, now: int | None = None) -> list[str]:
+        """Mark jobs left queued/running by a previous process as failed; returns their ids."""
+        now = int(time.time()) if now is None else now
+        ids = [r[0] for r in self._query("SELECT id FROM jobs WHERE status IN (?, ?)", ACTIVE)]
+        if ids:
+            self._query(
+                "UPDATE jobs SET status = 'failed', error_code = 'server_restarted', completed_at = ?, "
+                "error_message = 'The server restarted while this job was queued or running; submit it again.' "
+                "WHERE status IN (?, ?)",
+                (now, *ACTIVE),
+            )
+        return ids
+
+    def expired(self, now: int | None = None) -> list[Job]:
+        now = int(time.time()) if now is None else now
+        rows = self._query(
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? AND media != '{{}}'",
+            (now,),
+        )
+        return [self._job(r) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

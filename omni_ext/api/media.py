@@ -1,0 +1,57 @@
+"""Encoding and storing media off the event loop.
+
+vLLM-Omni 0.30 encodes MP4s synchronously on the API event loop, so while a few videos finish at
+once every other request (including cheap status polls) waits. Here all encoding runs in a small
+thread pool (PyAV/ffmpeg and PIL release the GIL for the heavy parts), and files are written
+atomically (temp file + rename) so a crash never leaves a half-written video that looks complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+_POOL = ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="omni-ext-encode")
+
+IMAGE_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_POOL, lambda: fn(*args, **kwargs))
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def encode_image(img: Any, fmt: str = "png", compression: int | None = None) -> bytes:
+    """A PIL image as png/jpeg/webp bytes (``compression`` 0-100 as in OpenAI's API: 100 = best)."""
+    buf = io.BytesIO()
+    if fmt == "jpeg":
+        img = img.convert("RGB")
+        img.save(buf, format="JPEG", quality=compression if compression is not None else 95)
+    elif fmt == "webp":
+        img.save(buf, format="WEBP", quality=compression if compression is not None else 90)
+    else:
+        img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def mp4_thumbnail(mp4: bytes, fmt: str = "webp") -> bytes:
+    """The first frame of an mp4 as an image (OpenAI's ``variant=thumbnail``)."""
+    import av
+
+    with av.open(io.BytesIO(mp4)) as container:
+        for frame in container.decode(video=0):
+            return encode_image(frame.to_image(), fmt)
+    raise ValueError("video has no frames")

@@ -1,0 +1,97 @@
+"""omni-ext's HTTP routes, assembled into one router for vLLM-Omni's API server.
+
+Errors: every route here uses :class:`ErrorRoute`, which turns :class:`APIError` (and anything
+unexpected) into an OpenAI-style JSON error instead of relying on app-level exception handlers,
+so the behaviour does not depend on what vLLM or vLLM-Omni register on the app.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
+
+from omni_ext.api.errors import APIError
+
+logger = logging.getLogger("omni_ext.api")
+
+# (path, methods) of vLLM-Omni 0.30 routes that omni-ext replaces.
+REPLACED_ROUTES: tuple[tuple[str, frozenset[str]], ...] = (
+    ("/v1/videos", frozenset({"POST", "GET"})),
+    ("/v1/videos/sync", frozenset({"POST"})),
+    ("/v1/videos/{video_id}", frozenset({"GET", "DELETE"})),
+    ("/v1/videos/{video_id}/content", frozenset({"GET"})),
+    ("/v1/images/generations", frozenset({"POST"})),
+)
+
+
+class ErrorRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except APIError as exc:
+                return exc.response()
+            except Exception as exc:
+                if getattr(exc, "status_code", None) and 400 <= exc.status_code < 500:  # FastAPI/Starlette HTTPException
+                    return APIError(exc.status_code, str(getattr(exc, "detail", exc))).response()
+                logger.exception("omni-ext route %s failed", request.url.path)
+                return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"Internal error: {exc}", code="internal_error").response()
+
+        return run
+
+
+def build_router(stock_edits_app: Any = None) -> APIRouter:
+    """omni-ext's routes; ``stock_edits_app`` is vLLM-Omni's /v1/images/edits endpoint (kept for models that edit)."""
+    from starlette.routing import Route
+
+    from omni_ext.api import images, videos
+
+    router = APIRouter(route_class=ErrorRoute)
+    for sub in (videos.router, images.router):
+        for route in sub.routes:
+            assert isinstance(route, APIRoute)
+            router.add_api_route(route.path, route.endpoint, methods=list(route.methods), name=route.name,
+                                 include_in_schema=True, response_class=JSONResponse,
+                                 openapi_extra=route.openapi_extra)
+    router.routes.append(Route("/v1/images/edits", EditsDispatch(stock_edits_app), methods=["POST"]))
+    for kind in ("videos", "images"):  # after the real routes: anything else under them is a clean 400/404
+        router.add_api_route(f"/v1/{kind}/{{rest:path}}", _unknown_path, methods=["GET", "POST", "DELETE"],
+                             include_in_schema=False)
+    return router
+
+
+async def _unknown_path(request: Request, rest: str) -> JSONResponse:
+    from omni_ext.api.videos import ID_RE
+
+    first = rest.split("/", 1)[0]
+    if not ID_RE.match(first):
+        raise APIError(HTTPStatus.BAD_REQUEST, "Invalid id in path.", param="id", code="invalid_id")
+    raise APIError(HTTPStatus.NOT_FOUND, f"No route for {request.method} {request.url.path}.", code="not_found")
+
+
+class EditsDispatch:
+    """ASGI endpoint for ``POST /v1/images/edits``: vLLM-Omni's route for models that can edit images,
+    a clear OpenAI-style 400 for those that cannot (instead of a confusing engine error)."""
+
+    def __init__(self, stock_app: Any) -> None:
+        self.stock_app = stock_app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from omni_ext.api.images import supports_edits
+        from omni_ext.api.state import init_state
+
+        app = scope["app"]
+        state = init_state(app.state, getattr(app.state, "args", None))
+        if supports_edits(state.limits.pipeline) and self.stock_app is not None:
+            await self.stock_app(scope, receive, send)
+            return
+        err = APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline or 'unknown'}) does not "
+                       "support image edits; use /v1/images/generations.", param="image", code="unsupported_model")
+        await err.response()(scope, receive, send)

@@ -1,0 +1,32 @@
+"""Patch body for ``openai-auth-errors`` (see the registry in ``omni_ext.patches``).
+
+vLLM's ``--api-key`` middleware rejects with ``{"error": "Unauthorized"}``, which OpenAI SDKs
+cannot read (``error.message`` is missing). Same check, same status (401), OpenAI-shaped body.
+"""
+
+from __future__ import annotations
+
+_MARK = "_omni_ext_patched"
+
+
+def apply() -> None:
+    from starlette.datastructures import Headers
+    from starlette.responses import JSONResponse
+    from vllm.entrypoints.serve.middleware import authenticate as auth
+
+    cls = auth.AuthenticationMiddleware
+    if getattr(cls.__call__, _MARK, False):
+        return
+
+    def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+            return self.app(scope, receive, send)
+        url_path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if url_path.startswith(auth.GUARDED_PREFIX) and not self.verify_token(Headers(scope=scope)):
+            body = {"error": {"message": "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+                              "type": "authentication_error", "param": None, "code": "invalid_api_key"}}
+            return JSONResponse(body, status_code=401)(scope, receive, send)
+        return self.app(scope, receive, send)
+
+    setattr(__call__, _MARK, True)
+    cls.__call__ = __call__

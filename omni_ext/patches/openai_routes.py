@@ -1,0 +1,46 @@
+"""Patch body for ``openai-routes`` (see the registry in ``omni_ext.patches``).
+
+Runs in the API process from the ``vllm.general_plugins`` hook, i.e. while ``vllm-omni serve``
+builds its CLI parser, before ``omni_run_server_worker`` includes vLLM-Omni's module-level router
+into the app. It swaps vLLM-Omni's video/image routes on that router for omni-ext's, puts a
+dispatcher in front of ``/v1/images/edits``, and wraps ``omni_init_app_state`` so omni-ext's job
+store opens (and fails interrupted jobs) when the server starts, not on the first request.
+"""
+
+from __future__ import annotations
+
+import functools
+
+_MARK = "_omni_ext_patched"
+
+
+def apply() -> None:
+    from vllm_omni.entrypoints.openai import api_server
+    from vllm_omni.entrypoints.serve.utils.routes import _remove_route_from_router
+
+    from omni_ext.api.routes import REPLACED_ROUTES, build_router
+    from omni_ext.api.state import init_state
+
+    router = api_server.router
+    if getattr(router, _MARK, False):
+        return
+    for path, methods in REPLACED_ROUTES:
+        _remove_route_from_router(router, path, set(methods))
+    stock_edits = next(
+        (r for r in router.routes if getattr(r, "path", None) == "/v1/images/edits" and "POST" in getattr(r, "methods", ())),
+        None,
+    )
+    if stock_edits is not None:
+        _remove_route_from_router(router, "/v1/images/edits", {"POST"})
+    router.include_router(build_router(getattr(stock_edits, "app", None)))
+    setattr(router, _MARK, True)
+
+    original_init = api_server.omni_init_app_state
+
+    @functools.wraps(original_init)
+    async def omni_init_app_state(engine_client, state, args, *a, **kw):
+        result = await original_init(engine_client, state, args, *a, **kw)
+        init_state(state, args)
+        return result
+
+    api_server.omni_init_app_state = omni_init_app_state

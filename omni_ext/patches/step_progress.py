@@ -1,0 +1,119 @@
+"""Patch bodies for ``step-progress`` and ``cancel-at-step`` (see the registry in ``omni_ext.patches``).
+
+Denoise loops call ``pbar.update()`` once per step on every rank, which makes the progress bar the
+one per-step hook shared by Wan and Qwen-Image. ``DiffusionModelRunner._execute_request_list`` is
+wrapped to note which engine request ids the current batch belongs to, and
+``ProgressBarMixin.progress_bar`` returns the usual bar wrapped so that each ``update()``
+
+- on rank 0 records the step through ``omni_ext.api.progress.write_progress`` (step-progress);
+- on every rank calls vLLM-Omni's own ``check_request_cancellation()`` (cancel-at-step), which is a
+  no-op unless the pipeline opted into cooperative cancellation, and otherwise makes all ranks stop
+  together at this step when the request was aborted (it is a collective across ranks).
+
+Nothing changes in the numerics or in what is logged.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import Any
+
+logger = logging.getLogger("omni_ext.patches")
+_MARK = "_omni_ext_patched"
+_current = threading.local()
+
+
+class _ReportingBar:
+    """A progress bar proxy that reports every step to the API process."""
+
+    def __init__(self, bar: Any, total: int, request_ids: list[str], report: bool) -> None:
+        self._bar = bar
+        self._total = int(total or 0)
+        self._ids = request_ids if report else []
+        self._done = 0
+        self._t0 = time.time()
+
+    def update(self, n: int = 1) -> Any:
+        from vllm_omni.diffusion.cancellation import check_request_cancellation
+
+        from omni_ext.api.progress import write_progress
+
+        self._done += int(n)
+        if self._ids:
+            write_progress(self._ids, self._done, self._total, self._t0)
+        result = self._bar.update(n)
+        check_request_cancellation()
+        return result
+
+    def __enter__(self) -> "_ReportingBar":
+        self._bar.__enter__()
+        if self._ids:
+            from omni_ext.api.progress import write_progress
+
+            write_progress(self._ids, 0, self._total, self._t0)
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._bar.__exit__(*exc)
+
+    def __iter__(self):
+        for item in self._bar:
+            yield item
+            self.update(0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bar, name)
+
+
+def apply() -> None:
+    from vllm_omni.diffusion.models import progress_bar as pb
+    from vllm_omni.diffusion.worker.diffusion_model_runner import DiffusionModelRunner
+
+    run = DiffusionModelRunner._execute_request_list
+    if not getattr(run, _MARK, False):
+
+        @functools.wraps(run)
+        def _execute_request_list(self, reqs, *args, **kwargs):
+            _current.ids = [r.request_id for r in reqs if not r.is_dummy_run()]
+            try:
+                return run(self, reqs, *args, **kwargs)
+            finally:
+                _current.ids = []
+
+        setattr(_execute_request_list, _MARK, True)
+        DiffusionModelRunner._execute_request_list = _execute_request_list
+
+    bar = pb.ProgressBarMixin.progress_bar
+    if not getattr(bar, _MARK, False):
+
+        @functools.wraps(bar)
+        def progress_bar(self, iterable=None, total=None):
+            inner = bar(self, iterable=iterable, total=total)
+            ids = list(getattr(_current, "ids", []) or [])
+            logger.debug("step-progress: progress bar for %s (total=%s)", ids, total)
+            if not ids:
+                return inner
+            return _ReportingBar(inner, total if total is not None else len(iterable), ids, pb._is_rank_zero())
+
+        setattr(progress_bar, _MARK, True)
+        pb.ProgressBarMixin.progress_bar = progress_bar
+
+
+# Pipelines whose denoise loop reaches a step boundary through the progress bar on every rank.
+CANCELLABLE = (
+    "vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
+    "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline",
+)
+
+
+def apply_cancellation() -> None:
+    """Opt Wan and Qwen-Image into vLLM-Omni's cooperative cancellation (checked at every step)."""
+    import importlib
+
+    apply()  # the step boundary itself
+    for qualname in CANCELLABLE:
+        module, _, cls = qualname.partition(":")
+        setattr(getattr(importlib.import_module(module), cls), "supports_request_cancellation", True)
