@@ -20,12 +20,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # name -> (tiny model, extra serve args, extra env)
 SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
-    "wan": ("wan2.1-t2v", [], {}),
+    "wan": ("wan2.1-t2v", [], {"OMNI_EXT_API_MAX_UPLOAD_MB": "2"}),
     "wan-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2"], {}),
     "qwen": ("qwen-image", [], {}),
     "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2"], {}),
-    # The same Wan server with omni-ext's request validation switched off: shows the stock behaviour.
-    "wan-stock-validation": ("wan2.1-t2v", [], {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests"}),
+    # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,
+    # which the tests of those patches show.
+    # omni-ext's API with --api-key and its own job directory; test_api restarts it.
+    "wan-api": ("wan2.1-t2v", ["--api-key", "sk-omni-ext-test"], {"OMNI_EXT_API_TTL_S": "3600"}),
+    "wan-stock": ("wan2.1-t2v", [], {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests,openai-routes"}),
+    # omni-ext's TunedExecutor (tests/test_executor.py): one CFG group of two workers, and two
+    # groups of one worker (data parallel; its worker is killed by the last test that uses it).
+    "wan-tuned-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2", "--distributed-executor-backend", "omni_ext.executor.TunedExecutor"], {}),
+    "qwen-tuned-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--distributed-executor-backend", "omni_ext.executor.TunedExecutor"], {}),
+    "wan-tuned-dp2": ("wan2.1-t2v", ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor", "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}'], {}),
 }
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 
@@ -54,7 +62,8 @@ class ServerPool:
             proc = ServeProcess(
                 model=str(self.models[model]),
                 args=args,
-                env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(self.log_dir / f"storage-{name}"), **env},
+                env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(self.log_dir / f"storage-{name}"),
+                     "OMNI_EXT_API_DATA_DIR": str(self.log_dir / f"api-{name}"), **env},
                 log_path=self.log_dir / f"{name}.log",
             )
             self.procs[name] = proc.start()
@@ -77,6 +86,23 @@ class ServerPool:
         if name in self.errors:
             pytest.fail(f"server {name!r} did not start: {self.errors[name]}")
         return self.procs[name]
+
+    def restart(self, name: str, *, kill: bool = False) -> ServeProcess:
+        """Stop (or SIGKILL the whole process group of) a server and start it again on the same port,
+        with the same arguments and data directory."""
+        import os
+        import signal
+
+        old = self.get(name)
+        if kill:
+            os.killpg(old.proc.pid, signal.SIGKILL)
+            old.proc.wait(timeout=30)
+        else:
+            old.stop()
+        new = ServeProcess(model=old.model, args=old.args, env=old.env, port=old.port,
+                           log_path=old.log_path.with_suffix(f".{int(old.started_at)}.log"))
+        self.procs[name] = new.start().wait_ready(START_TIMEOUT_S)
+        return new
 
     def stop(self) -> None:
         for proc in self.procs.values():
