@@ -335,14 +335,19 @@ def _job_or_404(state: ApiState, video_id: str) -> Job:
     return job
 
 
-# ---- routes -----------------------------------------------------------------------------------
-@router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
-async def create_video(request: Request) -> JSONResponse:
+async def _parse_create(request: Request) -> tuple[ApiState, Any, Any, Any, dict[str, Any]]:
+    """What both create routes start with: (state, vLLM-Omni handler, request, reference image, facts)."""
     state = get_state(request)
     engine_client(request)
     body = await parse_body(request, state.settings.max_upload_bytes)
     vreq, ref_image, facts = build_video_request(body, state)
-    handler = _handler(request)
+    return state, _handler(request), vreq, ref_image, facts
+
+
+# ---- routes -----------------------------------------------------------------------------------
+@router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
+async def create_video(request: Request) -> JSONResponse:
+    state, handler, vreq, ref_image, facts = await _parse_create(request)
     if state.store.count_active("video") >= state.settings.max_queued:
         raise APIError(HTTPStatus.TOO_MANY_REQUESTS, f"Too many queued videos (limit {state.settings.max_queued}); "
                        "retry later.", code="queue_full", headers={"retry-after": "5"})
@@ -361,11 +366,7 @@ async def create_video(request: Request) -> JSONResponse:
 async def create_video_sync(request: Request) -> Response:
     import os
 
-    state = get_state(request)
-    engine_client(request)
-    body = await parse_body(request, state.settings.max_upload_bytes)
-    vreq, ref_image, _facts = build_video_request(body, state)
-    handler = _handler(request)
+    state, handler, vreq, ref_image, _facts = await _parse_create(request)
     request_id = f"video_sync-{uuid.uuid4().hex}"
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))
     started = time.perf_counter()
