@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="versions, platform decision and registered entry points")
     p.set_defaults(func=_cmd_info)
+    from omni_ext.presets.cli import add_subcommands as add_preset_commands
+
+    add_preset_commands(sub)
     return parser
 
 

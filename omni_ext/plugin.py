@@ -51,6 +51,7 @@ def _activate(side: str) -> dict[str, object]:
     if _ACTIVE is None:
         _ensure_log_handler()
         remember_user_omp()
+        _register_preset_pipelines()
     if multiprocessing.current_process().name == "MainProcess":
         _ensure_progress_dir()
     outcome = apply_patches()
@@ -72,6 +73,20 @@ def _activate(side: str) -> dict[str, object]:
         )
     _ACTIVE = {"side": side, **state}
     return _ACTIVE
+
+
+def _register_preset_pipelines() -> None:
+    """Pipeline topologies the presets name (``pipeline: omni_ext_qwen_image`` in a deploy YAML).
+
+    Must exist before ``vllm-omni serve`` resolves its config, hence here; a failure is logged and
+    only the presets that name these topologies are affected.
+    """
+    try:
+        from omni_ext.presets.pipelines import register_preset_pipelines
+
+        register_preset_pipelines()
+    except Exception:
+        logger.warning("omni-ext: could not register the preset pipeline topologies", exc_info=True)
 
 
 def _ensure_progress_dir() -> None:

@@ -1,0 +1,390 @@
+"""Check presets: static rules (no vLLM needed) and the real vLLM-Omni parser and config loader.
+
+Why two layers: the static rules catch the launch mistakes users actually make (CFG 3, more ranks
+than devices, ``--data-parallel-size`` under ``--omni``, TP for a DiT on NPU, a 14B video that
+outruns the 600 s forward timeout, ``seconds`` for Wan) instantly and without vLLM installed, so
+``omni-ext serve --preset`` can refuse a broken launch before spending minutes on start-up. The
+:class:`OmniValidator` then proves that the installed vLLM-Omni accepts the rendered command and
+deploy YAML, and that the configuration it resolves is the topology the preset promises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omni_ext.presets.catalog import DEVICE_FAMILIES, PRESET_OBJECTIVES, Preset, PresetError
+from omni_ext.presets.costs import CostTable, load_cost_table
+from omni_ext.presets.render import ENGINE_FLAGS, Rendered, default_sampling_params, parse_size
+
+REQUEST_KEYS = frozenset({
+    "size", "num_frames", "fps", "num_inference_steps", "guidance_scale", "guidance_scale_2", "true_cfg_scale",
+    "negative_prompt",
+})
+#: Flags a preset must never carry: vLLM-Omni rejects them under --omni or they silently add redundant DP.
+FORBIDDEN_FLAGS = {
+    "--data-parallel-size": "rejected under --omni; data parallelism is topology.replicas (deploy YAML num_replicas)",
+    "--data-parallel-size-local": "rejected under --omni; use topology.replicas",
+    "--num-gpus": "more GPUs than cfg x ulysses x tp silently become an intra-engine DP group in which every rank "
+                  "computes the same request; use topology.replicas",
+    "--api-server-count": "rejected for diffusion models by vLLM-Omni",
+}
+#: Flags the renderer owns.
+RENDERED_FLAGS = {"--omni", "--host", "--port", "--deploy-config", "--stage-overrides", "--default-sampling-params",
+                  "--cfg-parallel-size", "--ulysses-degree", "--usp", "--ring-degree", "--ring", "--tensor-parallel-size",
+                  "-tp", "--vae-patch-parallel-size", "--distributed-executor-backend", "--additional-config"}
+NPU_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TASK_QUEUE_ENABLE": None, "PYTORCH_NPU_ALLOC_CONF": None}
+OFFLOAD_KEYS = ("enable_cpu_offload", "enable_layerwise_offload")
+
+
+@dataclass(frozen=True)
+class Issue:
+    level: str  # "error" or "warning"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message}"
+
+
+def planner_request(preset: Preset) -> dict[str, Any]:
+    """The preset's request in the planner's terms."""
+    req = preset.request_defaults
+    out: dict[str, Any] = {}
+    if "size" in req:
+        out["width"], out["height"] = parse_size(req["size"])
+    if "num_frames" in req:
+        out["num_frames"] = int(req["num_frames"])
+    if "num_inference_steps" in req:
+        out["steps"] = int(req["num_inference_steps"])
+    return out
+
+
+def requests_use_cfg(preset: Preset, costs: CostTable) -> bool:
+    """Whether this preset's requests run CFG (Qwen-Image: only with a negative prompt)."""
+    spec = costs.model(preset.model)
+    req = preset.request_defaults
+    if spec.pipeline_class == "QwenImagePipeline":
+        return "negative_prompt" in req and float(req.get("true_cfg_scale", 4.0)) > 1.0
+    return float(req.get("guidance_scale", spec.reference.get("guidance_scale", 1.0))) > 1.0
+
+
+def check_qualname(qualname: str, base: str) -> str | None:
+    """None when ``qualname`` imports (and subclasses ``base`` when vLLM-Omni is importable); else why not."""
+    module_name, _, attr = qualname.rpartition(".")
+    if not module_name:
+        return f"{qualname!r} is not a dotted import path"
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        return f"{qualname!r} does not import: {exc}"
+    base_module, _, base_attr = base.rpartition(".")
+    try:
+        base_cls = getattr(importlib.import_module(base_module), base_attr)
+    except ImportError:
+        return None
+    if not (isinstance(obj, type) and issubclass(obj, base_cls)):
+        return f"{qualname!r} is not a subclass of {base}"
+    return None
+
+
+def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
+    """All static problems of ``preset`` (empty when it is sound)."""
+    costs = costs or load_cost_table()
+    issues: list[Issue] = []
+    err = lambda m: issues.append(Issue("error", m))  # noqa: E731
+    warn = lambda m: issues.append(Issue("warning", m))  # noqa: E731
+    if preset.model not in costs.models:
+        err(f"unknown model {preset.model!r}; known: {', '.join(sorted(costs.models))}")
+        return issues
+    if preset.device not in DEVICE_FAMILIES:
+        err(f"device must be one of {', '.join(DEVICE_FAMILIES)}, got {preset.device!r}")
+        return issues
+    if preset.objective not in PRESET_OBJECTIVES:
+        err(f"objective must be one of {', '.join(PRESET_OBJECTIVES)}, got {preset.objective!r}")
+    expected_name = f"{preset.model}.{preset.device}.x{preset.count}.{preset.objective}"
+    variant = preset.name[len(expected_name) + 1:] if preset.name.startswith(expected_name + ".") else ""
+    if preset.name != expected_name and not (variant.isidentifier() and variant.islower()):
+        err(f"name {preset.name!r} should be {expected_name!r} (<model>.<device>.x<count>.<objective>[.<variant>])")
+    spec = costs.model(preset.model)
+    topo = preset.topology
+    platform = costs.platform(preset.device)
+
+    # topology
+    if min(topo.as_dict().values()) < 1:
+        err("every topology degree must be >= 1")
+        return issues
+    if topo.cfg > 2:
+        err(f"cfg {topo.cfg} > 2: {spec.label} has two CFG branches (conditional and unconditional); use cfg 1 or 2")
+    if topo.devices > preset.count:
+        err(f"more parallel ranks than devices: {topo.describe()} needs {topo.devices}, the preset has {preset.count}")
+    elif topo.devices < preset.count:
+        warn(f"{preset.count - topo.devices} of {preset.count} devices stay idle with {topo.describe()}")
+    sp = topo.ulysses * topo.ring
+    if spec.heads % sp:
+        err(f"Ulysses x Ring = {sp} does not divide the {spec.heads} attention heads of {spec.label}")
+    if topo.vae_patch > topo.ranks_per_replica:
+        err(f"vae_patch {topo.vae_patch} is larger than the {topo.ranks_per_replica} ranks of one replica")
+    use_cfg = requests_use_cfg(preset, costs)
+    if topo.cfg == 2 and not use_cfg:
+        if spec.pipeline_class == "QwenImagePipeline":
+            err("cfg 2 but the requests run no CFG: Qwen-Image only runs CFG when the request carries negative_prompt; "
+                "add request_defaults.negative_prompt (and send it) or use cfg 1")
+        else:
+            err("cfg 2 but guidance_scale <= 1 runs no CFG: the second rank would idle; use cfg 1")
+
+    # memory and TP
+    device = costs.reference_device(preset.device)
+    usable = costs.usable_memory_gb(device)
+    offload = any(preset.engine.get(k) for k in OFFLOAD_KEYS)
+    if usable is not None:
+        need = spec.rank_memory_gb(topo.tp)
+        if need > usable and not offload:
+            err(f"does not fit: {need:.1f} GB per rank > {usable:.1f} GB usable on {device.label}; "
+                f"raise tp, use a larger device or set engine.enable_layerwise_offload")
+        if topo.tp > 1 and spec.rank_memory_gb(topo.tp // 2) <= usable:
+            where = "on NPU, where per-layer HCCL all-reduce costs more than it saves (TP2 = 1.12x, MindIE-SD)" \
+                if platform == "npu" else "(per-layer all-reduce; SGLang: TP is not a default latency optimisation)"
+            warn(f"TP {topo.tp} for a DiT without memory need ({spec.rank_memory_gb(topo.tp // 2):.1f} GB fits "
+                 f"{usable:.1f} GB at TP {topo.tp // 2}) {where}; prefer cfg or ulysses")
+
+    # engine, flags, env
+    for key, value in preset.engine.items():
+        if key not in ENGINE_FLAGS:
+            err(f"unknown engine key {key!r}; allowed: {', '.join(sorted(ENGINE_FLAGS))}")
+        elif value is False:
+            err(f"engine.{key}: false is the default; remove the key")
+    for token in preset.flags:
+        flag = token.split("=", 1)[0]
+        if flag in FORBIDDEN_FLAGS:
+            err(f"flag {flag}: {FORBIDDEN_FLAGS[flag]}")
+        elif flag in RENDERED_FLAGS:
+            err(f"flag {flag} is set by the renderer from topology/engine/request_defaults; remove it from flags")
+    if platform == "npu":
+        for key, value in NPU_ENV.items():
+            if key not in preset.env or (value is not None and preset.env[key] != value):
+                warn(f"NPU preset without {key}{'=' + value if value else ''} in env (Ascend tuning; anchors.md section 4)")
+    aiv = {**preset.env, **preset.stage_env}.get("HCCL_OP_EXPANSION_MODE")
+    if aiv == "AIV" and sum(d > 1 for d in (topo.cfg, topo.ulysses, topo.ring, topo.tp)) > 1:
+        warn("HCCL_OP_EXPANSION_MODE=AIV with more than one communication domain per rank (CANN supports one)")
+
+    # request defaults
+    req = preset.request_defaults
+    if "seconds" in req:
+        err("request_defaults.seconds: vLLM-Omni maps seconds to seconds x 24 frames (Wan wants 81 at 16 fps); "
+            "use num_frames and fps")
+    for key in sorted(set(req) - REQUEST_KEYS - {"seconds"}):
+        err(f"unknown request_defaults key {key!r}; allowed: {', '.join(sorted(REQUEST_KEYS))}")
+    if "size" in req:
+        try:
+            w, h = parse_size(req["size"])
+            if w % 16 or h % 16:
+                err(f"size {req['size']} must be a multiple of 16 in both dimensions")
+        except PresetError as exc:
+            err(str(exc))
+    if spec.kind == "video" and "num_frames" in req and (int(req["num_frames"]) - 1) % 4:
+        err(f"num_frames {req['num_frames']} must be 4k+1 for Wan (e.g. 81); vLLM-Omni would snap it")
+
+    # forward timeout
+    if not issues or all(i.level == "warning" for i in issues):
+        from omni_ext.presets.planner import estimate
+
+        est = estimate(spec, device, topo, requests_use_cfg=use_cfg, request=planner_request(preset), costs=costs)
+        for var, value in costs.timeout_env(est.latency_s).items():
+            have = preset.env.get(var)
+            if have is None or float(have) < float(value):
+                err(f"one request is estimated at {est.latency_s:.0f} s on {device.label}, past half of vLLM-Omni's "
+                    f"{costs.timeouts['default_s']} s default: set env {var}={value} (now {have or 'unset'}); "
+                    "a forward past VLLM_OMNI_DLO_DP_WAVE_TIMEOUT kills the whole worker group")
+
+    # optional executor / scheduler (later issues); must import when set
+    if preset.executor:
+        why = check_qualname(preset.executor, "vllm_omni.diffusion.executor.abstract.DiffusionExecutor")
+        if why:
+            err(f"executor: {why}")
+    if preset.scheduler:
+        why = check_qualname(preset.scheduler, "vllm_omni.diffusion.diffusion_engine.DiffusionEngine")
+        if why:
+            err(f"scheduler (engine_backend): {why}")
+    if preset.launch_script and not preset.launch_script.endswith(".sh"):
+        err(f"launch_script {preset.launch_script!r} must end in .sh")
+    return issues
+
+
+def require_valid(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
+    """Raise :class:`PresetError` listing every error; return the warnings."""
+    issues = check_preset(preset, costs)
+    errors = [i for i in issues if i.level == "error"]
+    if errors:
+        raise PresetError(f"preset {preset.name} is invalid:\n" + "\n".join(f"  - {e.message}" for e in errors))
+    return issues
+
+
+# ----------------------------------------------------------------------------------------------
+# against the installed vLLM-Omni
+
+
+class OmniValidator:
+    """Parses rendered launches with ``vllm-omni serve``'s own parser and resolves them with its config loader.
+
+    Building the parser imports vLLM (slow, ~15 s): make one validator per test module. Building it
+    also runs the ``vllm.general_plugins`` entry points exactly as ``vllm-omni serve`` does, so
+    :attr:`hook_registered` tells whether omni-ext's plugin hook registers the preset pipelines.
+    """
+
+    def __init__(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from vllm_omni.entrypoints.cli.serve import OmniServeCommand
+        from vllm_omni.utils.tracking_parser import TrackingArgumentParser
+
+        from omni_ext.presets import pipelines
+
+        self.parser = TrackingArgumentParser(prog="vllm-omni")
+        subparsers = self.parser.add_subparsers(dest="subparser")
+        self.command = OmniServeCommand()
+        self.command.subparser_init(subparsers).set_defaults(dispatch_function=self.command.cmd)
+        self.hook_registered = pipelines.is_registered()
+        # Do what the plugin hook does so the config check below does not depend on that wiring.
+        pipelines.register_preset_pipelines()
+        self._tmp = tempfile.TemporaryDirectory(prefix="omni-ext-validate-")
+        self._stubs: dict[str, str] = {}
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+    def registry_problems(self) -> list[str]:
+        """Where render.REGISTERED_PIPELINE_CLASSES disagrees with the installed pipeline registry."""
+        from vllm_omni.config.pipeline_registry import OMNI_PIPELINES
+        from vllm_omni.config.stage_config import PipelineConfig
+
+        from omni_ext.presets.render import OMNI_EXT_PIPELINES, REGISTERED_PIPELINE_CLASSES
+
+        by_class: set[str] = set()
+        for entry in OMNI_PIPELINES.values():
+            if isinstance(entry, PipelineConfig) and entry.diffusers_class_name:
+                by_class.add(entry.diffusers_class_name)
+                by_class.update(entry.diffusers_class_aliases)
+        problems = [f"{c} is no longer registered by diffusers class: its deploy YAML would be ignored"
+                    for c in sorted(REGISTERED_PIPELINE_CLASSES - by_class)]
+        problems += [f"{c} is now registered upstream: its presets could use a plain deploy YAML"
+                     for c in sorted(set(OMNI_EXT_PIPELINES) & by_class)]
+        return problems
+
+    def stub_model(self, pipeline_class: str) -> str:
+        """A folder with only ``model_index.json``: enough for vLLM-Omni to detect and route the model."""
+        if pipeline_class not in self._stubs:
+            folder = Path(self._tmp.name) / f"stub-{pipeline_class}"
+            folder.mkdir()
+            (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline_class, "_diffusers_version": "0.40.0"}))
+            self._stubs[pipeline_class] = str(folder)
+        return self._stubs[pipeline_class]
+
+    def parse(self, argv: list[str]) -> Any:
+        """``argv`` after the executable (``serve MODEL --omni ...``); parser errors become PresetError."""
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                args = self.parser.parse_args(argv)
+        except SystemExit as exc:
+            raise PresetError(f"vllm-omni serve's parser rejected the command: {err.getvalue().strip()}") from exc
+        try:
+            self.command.validate(args)
+        except ValueError as exc:
+            raise PresetError(f"vllm-omni serve rejected the command: {exc}") from exc
+        # vLLM-Omni 0.30.0 means to reject these under --omni, but its check reads an attribute that
+        # nothing sets; enforce it here.
+        explicit = set(getattr(args, "explicit_keys", ()) or ())
+        dp = sorted(k for k in explicit if k.startswith("data_parallel") or k == "enable_expert_parallel")
+        if dp:
+            raise PresetError(f"{', '.join(dp)} under --omni: configure replicas with the deploy YAML num_replicas")
+        return args
+
+    def validate(self, rendered: Rendered, costs: CostTable | None = None) -> dict[str, Any]:
+        """Parse and resolve ``rendered``; check the resolved config is the preset's topology. Returns a summary."""
+        from vllm_omni.config.resolver import resolve_omni_config
+        from vllm_omni.engine.stage_init_utils import split_devices_for_replicas
+        from vllm_omni.entrypoints.utils import prepare_stage_config_inputs
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+        import yaml
+
+        costs = costs or load_cost_table()
+        preset = rendered.preset
+        spec = costs.model(preset.model)
+        model = rendered.model if os.path.isdir(rendered.model) else self.stub_model(spec.pipeline_class)
+        flags = list(rendered.flags)
+        if rendered.deploy is not None:
+            path = Path(self._tmp.name) / f"{preset.name}.yaml"
+            path.write_text(yaml.safe_dump(rendered.deploy, sort_keys=False))
+            flags[flags.index("--deploy-config") + 1] = str(path)
+        args = self.parse(["serve", model, "--omni", "--host", rendered.host, "--port", str(rendered.port), *flags])
+        kwargs = args.get_explicit_kwargs_dict()
+        kwargs.pop("model", None)
+        kwargs.pop("model_tag", None)
+        kwargs.setdefault("log_stats", not args.disable_log_stats)
+        inputs = prepare_stage_config_inputs(model, kwargs, trust_remote_code=None)
+        try:
+            resolution = resolve_omni_config(
+                inputs.model,
+                trust_remote_code=inputs.trust_remote_code,
+                cli_overrides=inputs.kwargs,
+                deploy_config_path=inputs.deploy_config_path,
+                stage_overrides=inputs.stage_overrides,
+                strategy_config_path=inputs.strategy_config_path,
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PresetError(f"vLLM-Omni's config loader rejected preset {preset.name}: {exc}") from exc
+        if len(resolution.stage_configs) != 1:
+            raise PresetError(f"{preset.name}: expected one diffusion stage, vLLM-Omni resolved {len(resolution.stage_configs)}")
+        stage = resolution.stage_configs[0]
+        par, runtime, diff = stage.parallel_config, stage.runtime_config, stage.diffusion_config
+        topo = preset.topology
+        got = {
+            "cfg": par.cfg_parallel_size, "ulysses": par.ulysses_degree, "ring": par.ring_degree,
+            "tp": par.tensor_parallel_size, "vae_patch": par.vae_patch_parallel_size, "replicas": runtime.num_replicas,
+        }
+        problems = [f"{k}: preset {v}, vLLM-Omni resolved {got[k]}" for k, v in topo.as_dict().items() if got[k] != v]
+        if par.data_parallel_size != 1:
+            problems.append(f"vLLM-Omni inferred intra-engine data_parallel_size={par.data_parallel_size}: every DP rank "
+                            "would compute the same request")
+        if par.world_size != topo.ranks_per_replica:
+            problems.append(f"world size {par.world_size} != {topo.ranks_per_replica} ranks per replica")
+        try:
+            split = split_devices_for_replicas(runtime.devices, runtime.num_replicas, par.world_size, 0)
+        except ValueError as exc:
+            problems.append(f"devices {runtime.devices!r}: {exc}")
+            split = []
+        if runtime.devices is not None and len(split) != topo.replicas:
+            problems.append(f"devices {runtime.devices!r} split into {len(split)} groups, want {topo.replicas}")
+        if diff.model_arch != spec.pipeline_class:
+            problems.append(f"pipeline {diff.model_arch!r}, want {spec.pipeline_class!r}")
+        if rendered.deploy is not None:
+            env = dict(runtime.env or {})
+            missing = {k: v for k, v in preset.stage_env.items() if env.get(k) != v}
+            if missing:
+                problems.append(f"stage env not applied: {missing}")
+        dsp = default_sampling_params(preset)
+        resolved_dsp = dict(stage.model_config.default_sampling_params or {})
+        if any(resolved_dsp.get(k) != v for k, v in dsp.items()):
+            problems.append(f"default sampling params {resolved_dsp} do not contain {dsp}")
+        try:
+            OmniDiffusionSamplingParams(**dsp)
+        except TypeError as exc:
+            problems.append(f"request defaults are not sampling params: {exc}")
+        for key, value in preset.engine.items():
+            if hasattr(diff, key) and key != "dtype" and getattr(diff, key) != value:
+                problems.append(f"engine.{key}: preset {value!r}, vLLM-Omni resolved {getattr(diff, key)!r}")
+        if preset.executor and diff.distributed_executor_backend != preset.executor:
+            problems.append(f"executor not applied: {diff.distributed_executor_backend!r}")
+        if preset.scheduler and diff.engine_backend != preset.scheduler:
+            problems.append(f"scheduler not applied: engine_backend={diff.engine_backend!r}")
+        if problems:
+            raise PresetError(f"{preset.name}: vLLM-Omni resolves a different deployment:\n  - " + "\n  - ".join(problems))
+        return {"name": preset.name, "channel": rendered.channel, "resolved": got, "world_size": par.world_size,
+                "devices": runtime.devices, "env": dict(runtime.env or {}), "default_sampling_params": resolved_dsp}

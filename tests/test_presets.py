@@ -1,0 +1,416 @@
+"""Launch presets: the catalog, rendering, validation against the installed vLLM-Omni, launch scripts,
+``omni-ext serve --preset``, and real servers started from the cpu-tiny presets.
+
+The expensive parts are shared: one :class:`OmniValidator` (imports vLLM, ~20 s) for the module, and
+the two preset servers run one after the other (module fixtures), never together.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from omni_ext.presets import PresetError, load_catalog, load_cost_table
+from omni_ext.presets.catalog import Preset
+from omni_ext.presets.cli import script_text
+from omni_ext.presets.costs import Topology
+from omni_ext.presets.render import RenderOptions, cli_flags, format_rendered, render
+from omni_ext.presets.validate import check_preset
+from omni_ext.server_process import ServeProcess
+from tests.media import decode_mp4, decode_png
+
+ROOT = Path(__file__).resolve().parents[1]
+# Same knob as conftest: start-up takes 20-80 s on an idle 2-core host, far longer when it is shared.
+START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
+SCRIPTS = ROOT / "scripts" / "launch"
+CATALOG = load_catalog()
+COSTS = load_cost_table()
+
+
+def errors(preset: Preset) -> list[str]:
+    return [i.message for i in check_preset(preset) if i.level == "error"]
+
+
+def warnings(preset: Preset) -> list[str]:
+    return [i.message for i in check_preset(preset) if i.level == "warning"]
+
+
+def options_for(preset: Preset, tiny_models: dict[str, Path] | None = None) -> RenderOptions:
+    if preset.device != "cpu":
+        return RenderOptions()
+    model = {"wan2.1-t2v-tiny": "wan2.1-t2v", "qwen-image-tiny": "qwen-image"}[preset.model]
+    return RenderOptions(model=str(tiny_models[model]) if tiny_models else f"/models/{model}")
+
+
+# ----------------------------------------------------------------------------------------------
+# catalog
+
+
+def test_catalog_covers_the_models_devices_and_counts_of_the_issue() -> None:
+    models = {p.model for p in CATALOG.values()}
+    assert {"wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "qwen-image", "qwen-image-2512"} <= models
+    for family in ("910b", "cuda"):
+        counts = {p.count for p in CATALOG.values() if p.device == family}
+        assert counts == {1, 2, 4, 8}, (family, counts)
+    tiny = {(p.model, p.topology.cfg, p.topology.replicas) for p in CATALOG.values() if p.device == "cpu"}
+    assert ("wan2.1-t2v-tiny", 2, 1) in tiny and ("qwen-image-tiny", 1, 1) in tiny
+    assert {p.objective for p in CATALOG.values()} == {"latency", "throughput", "balanced"}
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_preset_passes_the_static_rules(name: str) -> None:
+    assert errors(CATALOG[name]) == []
+    assert warnings(CATALOG[name]) == []
+
+
+def test_user_reported_deployments_have_the_reported_topology() -> None:
+    assert CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"].topology == Topology()
+    assert CATALOG["wan2.1-t2v-1.3b.910b.x2.latency"].topology == Topology(cfg=2)
+    assert CATALOG["wan2.1-t2v-1.3b.cuda.x2.latency"].topology == Topology(cfg=2)
+    assert CATALOG["qwen-image-2512.910b.x1.balanced"].topology == Topology()
+    eight = CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"].topology
+    assert eight.devices == 8 and eight.tp == 1 and eight.replicas > 1
+
+
+def test_no_npu_preset_uses_tp_unless_the_weights_need_it() -> None:
+    usable = COSTS.usable_memory_gb(COSTS.reference_device("910b"))
+    for p in CATALOG.values():
+        if p.device == "910b" and p.topology.tp > 1:
+            assert COSTS.model(p.model).rank_memory_gb(p.topology.tp // 2) > usable, p.name
+
+
+# ----------------------------------------------------------------------------------------------
+# static rules catch the launch mistakes of the issue
+
+
+BASE = CATALOG["wan2.1-t2v-1.3b.910b.x2.latency"]
+
+
+def test_cfg_above_two_is_refused() -> None:
+    bad = BASE.replace(topology=Topology(cfg=3), count=3, name="wan2.1-t2v-1.3b.910b.x3.latency")
+    assert any("cfg 3 > 2" in e for e in errors(bad))
+
+
+def test_more_parallel_ranks_than_devices_is_refused() -> None:
+    bad = BASE.replace(topology=Topology(cfg=2, ulysses=2))
+    assert any("more parallel ranks than devices" in e for e in errors(bad))
+
+
+def test_data_parallel_size_and_num_gpus_flags_are_refused() -> None:
+    msgs = errors(BASE.replace(flags=("--data-parallel-size", "2", "--num-gpus", "4")))
+    assert any("--data-parallel-size: rejected under --omni" in m for m in msgs)
+    assert any("--num-gpus" in m and "same request" in m for m in msgs)
+
+
+def test_tp_for_a_dit_on_npu_without_memory_need_warns() -> None:
+    tp = BASE.replace(topology=Topology(tp=2))
+    assert not any("TP 2 for a DiT" in e for e in errors(tp))  # a warning, not an error
+    assert any("TP 2 for a DiT without memory need" in w and "NPU" in w for w in warnings(tp))
+    needed = CATALOG["wan2.2-t2v-a14b.910b.x2.latency"]
+    assert needed.topology.tp == 2 and warnings(needed) == []
+
+
+def test_qwen_image_cfg_parallel_needs_a_negative_prompt() -> None:
+    with_neg = CATALOG["qwen-image.910b.x2.latency.cfg"]
+    assert errors(with_neg) == []
+    without = with_neg.replace(request_defaults={k: v for k, v in with_neg.request_defaults.items() if k != "negative_prompt"})
+    assert any("negative_prompt" in e for e in errors(without))
+
+
+def test_long_video_without_raised_timeouts_is_refused() -> None:
+    p = CATALOG["wan2.1-t2v-14b.910b.x1.balanced"]
+    assert int(p.env["VLLM_OMNI_DLO_DP_WAVE_TIMEOUT"]) > 600
+    bare = p.replace(env={k: v for k, v in p.env.items() if not k.startswith("VLLM_OMNI_")})
+    assert any("VLLM_OMNI_DLO_DP_WAVE_TIMEOUT" in e and "worker group" in e for e in errors(bare))
+
+
+def test_seconds_and_bad_frame_counts_are_refused() -> None:
+    msgs = errors(BASE.replace(request_defaults={**BASE.request_defaults, "seconds": 5, "num_frames": 80}))
+    assert any("seconds x 24" in m for m in msgs)
+    assert any("4k+1" in m for m in msgs)
+
+
+def test_executor_and_scheduler_must_import_and_subclass() -> None:
+    assert any("does not import" in e for e in errors(BASE.replace(executor="omni_ext.nope.Executor")))
+    assert any("not a subclass" in e for e in errors(BASE.replace(scheduler="omni_ext.presets.catalog.Preset")))
+    ok = BASE.replace(executor="vllm_omni.diffusion.executor.multiproc_executor.MultiprocDiffusionExecutor")
+    assert errors(ok) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# rendering
+
+
+def test_wan_renders_a_deploy_yaml_and_qwen_renders_flags_or_its_registered_pipeline() -> None:
+    wan = render(CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"], RenderOptions(devices=list(range(8, 16))))
+    stage = wan.deploy["stages"][0]
+    assert (stage["num_replicas"], stage["cfg_parallel_size"], stage["devices"]) == (4, 2, "0,1,2,3,4,5,6,7")
+    assert wan.env["ASCEND_RT_VISIBLE_DEVICES"] == "8,9,10,11,12,13,14,15"
+    assert "--deploy-config" in wan.flags and "--data-parallel-size" not in wan.flags
+
+    one = render(CATALOG["qwen-image.910b.x1.balanced"])
+    assert one.deploy is None and "--deploy-config" not in one.flags
+    assert json.loads(one.flags[one.flags.index("--default-sampling-params") + 1]) == {
+        "0": {"width": 1024, "height": 1024, "num_inference_steps": 50, "true_cfg_scale": 4.0}}
+
+    many = render(CATALOG["qwen-image.910b.x8.throughput"])
+    assert many.deploy["pipeline"] == "omni_ext_qwen_image" and many.deploy["stages"][0]["num_replicas"] == 8
+
+
+def test_render_refuses_fewer_devices_than_ranks() -> None:
+    with pytest.raises(PresetError, match="runs 8 parallel ranks"):
+        render(CATALOG["wan2.1-t2v-1.3b.910b.x8.latency"], RenderOptions(devices=[0, 1, 2, 3]))
+
+
+def test_cmd_format_is_the_exact_command() -> None:
+    text = format_rendered(render(BASE, RenderOptions(model="/m", port=9001)), "cmd")
+    assert "TASK_QUEUE_ENABLE=2 \\\n" in text
+    assert "vllm-omni serve /m --omni \\\n  --host 0.0.0.0 \\\n  --port 9001 \\\n  --deploy-config " in text
+
+
+# ----------------------------------------------------------------------------------------------
+# against the installed vLLM-Omni (its own parser and config loader)
+
+
+@pytest.fixture(scope="module")
+def omni():
+    from omni_ext.presets.validate import OmniValidator
+
+    validator = OmniValidator()
+    yield validator
+    validator.close()
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_preset_is_accepted_by_the_installed_vllm_omni(omni, name: str) -> None:
+    preset = CATALOG[name]
+    summary = omni.validate(render(preset, options_for(preset)))
+    assert summary["resolved"] == preset.topology.as_dict()
+
+
+def test_the_pipeline_assumptions_match_the_installed_registry(omni) -> None:
+    assert omni.registry_problems() == []
+
+
+def test_plugin_hook_registers_the_qwen_image_pipeline(omni) -> None:
+    # Multi-replica Qwen-Image presets select pipeline omni_ext_qwen_image in their deploy YAML. It
+    # exists in `vllm-omni serve` only if omni-ext's vllm.general_plugins hook registers it (the
+    # validator's parser build ran that hook, as the real CLI does).
+    assert omni.hook_registered, (
+        "omni_ext.plugin._activate must call omni_ext.presets.pipelines.register_preset_pipelines()")
+
+
+def test_installed_parser_rejects_an_unknown_flag(omni) -> None:
+    rendered = render(CATALOG["qwen-image.910b.x1.balanced"])
+    rendered.flags += ["--no-such-flag", "1"]
+    with pytest.raises(PresetError, match="parser rejected"):
+        omni.validate(rendered)
+
+
+def test_data_parallel_size_under_omni_is_rejected(omni) -> None:
+    rendered = render(CATALOG["qwen-image.910b.x1.balanced"])
+    rendered.flags += ["--data-parallel-size", "2"]
+    with pytest.raises(PresetError, match="data_parallel_size"):
+        omni.validate(rendered)
+
+
+def test_num_gpus_beyond_the_parallel_ranks_is_caught_as_redundant_dp(omni) -> None:
+    rendered = render(CATALOG["qwen-image.910b.x1.balanced"])
+    rendered.flags += ["--num-gpus", "2"]
+    with pytest.raises(PresetError, match="data_parallel_size=2"):
+        omni.validate(rendered)
+
+
+def test_qwen_image_replicas_are_lost_without_the_registered_pipeline(omni) -> None:
+    preset = CATALOG["qwen-image.910b.x2.throughput"]
+    rendered = render(preset)
+    # The same YAML without `pipeline:` is ignored by vLLM-Omni's generic fallback ...
+    rendered.deploy = {k: v for k, v in rendered.deploy.items() if k != "pipeline"}
+    with pytest.raises(PresetError, match="replicas: preset 2, vLLM-Omni resolved 1"):
+        omni.validate(rendered)
+    # ... and --stage-overrides cannot carry num_replicas either.
+    flags = cli_flags(preset) + ["--stage-overrides", json.dumps({"0": {"num_replicas": 2}})]
+    via_cli = render(preset)
+    via_cli.deploy, via_cli.flags = None, flags
+    with pytest.raises(PresetError, match="replicas: preset 2, vLLM-Omni resolved 1"):
+        omni.validate(via_cli)
+
+
+# ----------------------------------------------------------------------------------------------
+# launch scripts
+
+
+def test_launch_scripts_match_the_presets() -> None:
+    named = {p.launch_script: p for p in CATALOG.values() if p.launch_script}
+    assert set(named) == {f.name for f in SCRIPTS.glob("*.sh")}, "regenerate: omni-ext presets write-scripts"
+    for file_name, preset in named.items():
+        path = SCRIPTS / file_name
+        assert path.read_text() == script_text(preset), f"{path} is stale: omni-ext presets write-scripts"
+        assert path.stat().st_mode & stat.S_IXUSR
+
+
+def test_launch_scripts_cover_the_user_reported_deployments() -> None:
+    covered = {(p.model, p.device, p.count, p.topology.cfg) for p in CATALOG.values() if p.launch_script}
+    assert ("wan2.1-t2v-1.3b", "910b", 1, 1) in covered
+    assert ("wan2.1-t2v-1.3b", "910b", 2, 2) in covered
+    assert any(m == "wan2.1-t2v-1.3b" and d == "910b" and n == 8 for m, d, n, _ in covered)
+    assert ("qwen-image-2512", "910b", 1, 1) in covered
+
+
+def test_write_scripts_check_reports_a_stale_script(tmp_path: Path) -> None:
+    from omni_ext.cli import main
+
+    assert main(["presets", "write-scripts", str(tmp_path)]) == 0
+    assert main(["presets", "write-scripts", str(tmp_path), "--check"]) == 0
+    victim = next(tmp_path.glob("*.sh"))
+    victim.write_text(victim.read_text().replace("TASK_QUEUE_ENABLE=2", "TASK_QUEUE_ENABLE=0"))
+    assert main(["presets", "write-scripts", str(tmp_path), "--check"]) == 1
+
+
+@pytest.mark.parametrize("preset_name", ["wan2.1-t2v-1.3b.910b.x8.throughput", "qwen-image-2512.910b.x1.balanced"])
+def test_launch_script_execs_vllm_omni_with_the_rendered_launch(tmp_path: Path, preset_name: str) -> None:
+    preset = CATALOG[preset_name]
+    fake = tmp_path / "bin" / "vllm-omni"
+    fake.parent.mkdir()
+    fake.write_text('#!/usr/bin/env bash\n'
+                    'python3 -c \'import json,os,sys; json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, '
+                    'open(os.environ["OUT"], "w"))\' "$@"\n'
+                    'for a in "$@"; do [ -f "$a" ] && cp "$a" "$OUT.yaml"; done; exit 0\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out.json"
+    env = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "OUT": str(out), "ASCEND_TOOLKIT_HOME": "/fake/cann",
+           "MODEL": "/models/m", "PORT": "9123", "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(["bash", str(SCRIPTS / preset.launch_script), "--log-level", "debug"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(out.read_text())
+    rendered = render(preset, RenderOptions(model="/models/m", port=9123))
+    want = rendered.argv[1:] + ["--log-level", "debug"]
+    if rendered.deploy is not None:
+        i = want.index("--deploy-config") + 1
+        want[i] = seen["argv"][i]
+        assert yaml.safe_load(Path(str(out) + ".yaml").read_text()) == rendered.deploy
+    assert seen["argv"] == want
+    for key, value in rendered.env.items():
+        assert seen["env"][key] == value
+    assert seen["env"]["ASCEND_RT_VISIBLE_DEVICES"] == ",".join(str(i) for i in range(preset.topology.devices))
+
+
+def test_npu_launch_script_stops_without_cann(tmp_path: Path) -> None:
+    if Path("/usr/local/Ascend/ascend-toolkit/set_env.sh").exists():
+        pytest.skip("this host has CANN installed")
+    script = SCRIPTS / CATALOG["wan2.1-t2v-1.3b.910b.x2.latency"].launch_script
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_serve_prints_the_command_then_execs_vllm_omni(monkeypatch, tmp_path: Path, capsys) -> None:
+    from omni_ext.cli import main
+
+    calls = []
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(os, "execvpe", lambda file, argv, env: calls.append((file, argv, env)))
+    assert main(["serve", "--preset", BASE.name, "--model", "/models/wan", "--port", "9200", "--devices", "4,5",
+                 "--", "--log-level", "debug"]) == 0
+    printed = capsys.readouterr().out
+    (file, argv, env), = calls
+    deploy = tmp_path / "omni-ext" / "deploy" / f"{BASE.name}.yaml"
+    assert argv[1:] == ["serve", "/models/wan", "--omni", "--host", "0.0.0.0", "--port", "9200",
+                        "--deploy-config", str(deploy), "--log-level", "debug"]
+    assert file == argv[0] and Path(argv[0]).name == "vllm-omni"
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "4,5" and env["TASK_QUEUE_ENABLE"] == "2"
+    assert yaml.safe_load(deploy.read_text())["stages"][0]["cfg_parallel_size"] == 2
+    assert printed.index("ASCEND_RT_VISIBLE_DEVICES=4,5") < printed.index(f"--deploy-config {deploy}")
+
+
+def test_serve_refuses_an_impossible_launch(capsys) -> None:
+    from omni_ext.cli import main
+
+    assert main(["serve", "--preset", "wan2.1-t2v-1.3b.910b.x8.latency", "--devices", "0-3", "--dry-run"]) == 2
+    assert "runs 8 parallel ranks" in capsys.readouterr().err
+
+
+def test_rendering_an_impossible_preset_file_fails_with_the_reasons(tmp_path: Path, capsys) -> None:
+    from omni_ext.cli import main
+
+    data = yaml.safe_load(BASE.path.read_text())
+    data["topology"]["cfg"] = 3
+    path = tmp_path / f"{BASE.name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["presets", "render", str(path), "--format", "cmd"]) == 2
+    err = capsys.readouterr().err
+    assert "cfg 3 > 2" in err and "more parallel ranks than devices" in err
+
+
+def test_presets_list_show_and_render_env(capsys) -> None:
+    from omni_ext.cli import main
+
+    assert main(["presets", "list", "--model", "qwen-image", "--device", "910b"]) == 0
+    listed = capsys.readouterr().out
+    assert "qwen-image.910b.x8.throughput" in listed and "wan2.1" not in listed
+    assert main(["presets", "show", "wan2.1-t2v-1.3b.910b.x2.latency"]) == 0
+    shown = capsys.readouterr().out
+    assert "180 s per request" in shown and "(measured)" in shown and "not seconds" in shown
+    assert main(["presets", "render", "wan2.1-t2v-14b.910b.x1.balanced", "--format", "env"]) == 0
+    assert "export VLLM_OMNI_DLO_DP_WAVE_TIMEOUT=2700" in capsys.readouterr().out
+    assert main(["presets", "show", "no-such-preset"]) == 2
+
+
+# ----------------------------------------------------------------------------------------------
+# real servers from the cpu-tiny presets (one at a time)
+
+
+def _serve(preset: Preset, tiny_models: dict[str, Path], tmp: Path) -> ServeProcess:
+    rendered = render(preset, options_for(preset, tiny_models))
+    if rendered.deploy is not None:
+        path = tmp / f"{preset.name}.yaml"
+        path.write_text(yaml.safe_dump(rendered.deploy, sort_keys=False))
+        rendered.flags[rendered.flags.index("--deploy-config") + 1] = str(path)
+    env = {**rendered.env, "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp / "storage")}
+    return ServeProcess(model=rendered.model, args=rendered.flags, env=env, log_path=tmp / f"{preset.name}.log")
+
+
+@pytest.mark.server
+def test_cpu_tiny_cfg2_preset_serves_a_video(tiny_models, tmp_path: Path) -> None:
+    proc = _serve(CATALOG["wan2.1-t2v-tiny.cpu.x2.latency"], tiny_models, tmp_path).start()
+    try:
+        proc.wait_ready(START_TIMEOUT_S)
+        # The request carries the preset's request defaults, as render.request_hint tells clients to: a
+        # front end (omni-ext's own /v1/videos) fills missing fields with Wan's native 832x480x81.
+        preset = CATALOG["wan2.1-t2v-tiny.cpu.x2.latency"]
+        fields = {"prompt": "a red fox in snow", "seed": "7", **{k: str(v) for k, v in preset.request_defaults.items()}}
+        resp = requests.post(proc.url + "/v1/videos/sync", files={k: (None, v) for k, v in fields.items()}, timeout=600)
+        assert resp.status_code == 200, resp.text[:500]
+        assert decode_mp4(resp.content) == (5, 32, 32)
+        log = proc.log_text()
+        assert "Worker 1: Initialization complete" in log and "Worker 2:" not in log  # CFG 2 = two ranks
+    finally:
+        proc.stop()
+
+
+@pytest.mark.server
+def test_cpu_tiny_qwen_preset_serves_an_image(tiny_models, tmp_path: Path) -> None:
+    proc = _serve(CATALOG["qwen-image-tiny.cpu.x1.balanced"], tiny_models, tmp_path).start()
+    try:
+        proc.wait_ready(START_TIMEOUT_S)
+        # vLLM-Omni 0.30's /v1/images/generations ignores server-side default sampling params, so the
+        # client sends the preset's request defaults itself (render.request_hint says so).
+        body = {"prompt": "a lighthouse at dusk", "seed": 3, **CATALOG["qwen-image-tiny.cpu.x1.balanced"].request_defaults}
+        resp = requests.post(proc.url + "/v1/images/generations", json=body, timeout=600)
+        assert resp.status_code == 200, resp.text[:500]
+        assert decode_png(base64.b64decode(resp.json()["data"][0]["b64_json"])).shape[:2] == (32, 32)
+    finally:
+        proc.stop()
