@@ -33,7 +33,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def run_phase(name: str, model: Path, env: dict[str, str], args: argparse.Namespace, tmp: Path) -> dict:
-    server = ServeProcess(model=str(model), args=["--max-num-seqs", "1"], env={
+    server = ServeProcess(model=str(model), args=["--max-num-seqs", "1", *args.serve_args.split()], env={
         **env, "OMNI_EXT_API_DATA_DIR": str(tmp / f"api-{name}"), "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp / f"st-{name}"),
     }, log_path=tmp / f"{name}.log")
     with server:
@@ -81,6 +81,9 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=33)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--rate", type=float, default=20.0, help="status polls per second")
+    ap.add_argument("--serve-args", default="--distributed-executor-backend mp",
+                    help="extra vllm-omni serve flags for both servers (default: the worker in its own process, "
+                         "as in any multi-worker deployment, so the API process only serves HTTP)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:

@@ -24,16 +24,11 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "wan-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2"], {}),
     "qwen": ("qwen-image", [], {}),
     "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2"], {}),
-    # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,
-    # which the tests of those patches show.
     # omni-ext's API with --api-key and its own job directory; test_api restarts it.
     "wan-api": ("wan2.1-t2v", ["--api-key", "sk-omni-ext-test"], {"OMNI_EXT_API_TTL_S": "3600"}),
+    # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,
+    # which the tests of those patches show.
     "wan-stock": ("wan2.1-t2v", [], {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests,openai-routes"}),
-    # omni-ext's TunedExecutor (tests/test_executor.py): one CFG group of two workers, and two
-    # groups of one worker (data parallel; its worker is killed by the last test that uses it).
-    "wan-tuned-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2", "--distributed-executor-backend", "omni_ext.executor.TunedExecutor"], {}),
-    "qwen-tuned-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--distributed-executor-backend", "omni_ext.executor.TunedExecutor"], {}),
-    "wan-tuned-dp2": ("wan2.1-t2v", ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor", "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}'], {}),
 }
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 

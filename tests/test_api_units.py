@@ -109,3 +109,26 @@ def test_stale_progress_dirs_are_removed(tmp_path: Path, monkeypatch: pytest.Mon
 @pytest.mark.parametrize("remaining,expected", [(None, 1000), (0.0, 100), (2.0, 500), (100.0, 5000)])
 def test_poll_after_ms(remaining, expected) -> None:
     assert poll_after_ms(remaining) == expected
+
+
+def _wan_state(tmp_path: Path) -> ApiState:
+    settings = load_settings(SimpleNamespace(port=1, additional_config=None), {"OMNI_EXT_API_DATA_DIR": str(tmp_path)})
+    return ApiState(settings=settings, store=JobStore(settings.db_path), model_name="m", model_path="m",
+                    limits=ModelLimits("WanPipeline", 16, 1, True))
+
+
+def test_seconds_and_size_map_to_native_or_configured_defaults(tmp_path: Path) -> None:
+    from omni_ext.api.forms import Body
+    from omni_ext.api.videos import build_video_request
+
+    state = _wan_state(tmp_path)
+    _, _, facts = build_video_request(Body({"prompt": "x", "seconds": "5"}), state)
+    assert (facts["width"], facts["height"], facts["num_frames"], facts["fps"]) == (832, 480, 81, 16)  # Wan2.1 native
+    _, _, facts = build_video_request(Body({"prompt": "x"}), state)
+    assert (facts["num_frames"], facts["seconds"]) == (81, "5")
+    # a preset's configured defaults win over the native ones
+    _, _, facts = build_video_request(Body({"prompt": "x"}), state, {"width": 320, "height": 192, "num_frames": 17})
+    assert (facts["width"], facts["height"], facts["num_frames"]) == (320, 192, 17)
+    with pytest.raises(APIError) as err:
+        build_video_request(Body({"prompt": "x", "seconds": "2", "size": "100x100"}), state)
+    assert err.value.status == 400 and "multiple of 16" in err.value.message

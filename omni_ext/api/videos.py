@@ -106,7 +106,24 @@ def _reference_image(body: Body, state: ApiState) -> Any:
     return img.convert("RGB")
 
 
-def build_video_request(body: Body, state: ApiState) -> tuple[Any, Any, dict[str, Any]]:
+def configured_defaults(handler: Any) -> dict[str, Any]:
+    """Video fields the operator configured as server defaults (deploy YAML / --default-sampling-params).
+
+    They win over the model's native defaults below, so a preset's size and frame count apply to
+    requests that do not name their own.
+    """
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    try:
+        configured = handler._resolve_default_sampling_params()
+    except Exception:
+        return {}
+    blank = OmniDiffusionSamplingParams()
+    return {k: getattr(configured, k) for k in ("width", "height", "num_frames", "fps")
+            if getattr(configured, k, None) is not None and getattr(configured, k) != getattr(blank, k)}
+
+
+def build_video_request(body: Body, state: ApiState, configured: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """(vLLM-Omni VideoGenerationRequest, reference image or None, facts for the job record)."""
     from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
 
@@ -134,10 +151,11 @@ def build_video_request(body: Body, state: ApiState) -> tuple[Any, Any, dict[str
         raise APIError(HTTPStatus.NOT_FOUND, f"The model '{model}' does not exist on this server (serving "
                        f"'{state.model_name}').", param="model", code="model_not_found")
     fields.pop("model", None)
-    native = VIDEO_DEFAULTS.get(state.limits.pipeline or "", {})
+    # The operator's configured defaults (a preset's size/frames/fps) win over the model's native ones.
+    native = {**VIDEO_DEFAULTS.get(state.limits.pipeline or "", {}), **(configured or {})}
     if "size" in fields:
         fields["width"], fields["height"] = _size(fields.pop("size"))
-    elif native and "width" not in fields and "height" not in fields:
+    elif "width" in native and "height" in native and "width" not in fields and "height" not in fields:
         fields["width"], fields["height"] = native["width"], native["height"]
     seconds = fields.pop("seconds", None)
     if seconds is not None:
@@ -147,9 +165,10 @@ def build_video_request(body: Body, state: ApiState) -> tuple[Any, Any, dict[str
         if "num_frames" not in fields:
             frames = secs * fps
             fields["num_frames"] = frames // 4 * 4 + 1 if state.limits.is_video else frames
-    elif native:
-        fields.setdefault("fps", native["fps"])
-        fields.setdefault("num_frames", native["num_frames"])
+    else:
+        for key in ("fps", "num_frames"):
+            if key in native:
+                fields.setdefault(key, native[key])
     ref_image = _reference_image(body, state)
     fields.pop("input_reference", None)
     try:
@@ -340,8 +359,9 @@ async def _parse_create(request: Request) -> tuple[ApiState, Any, Any, Any, dict
     state = get_state(request)
     engine_client(request)
     body = await parse_body(request, state.settings.max_upload_bytes)
-    vreq, ref_image, facts = build_video_request(body, state)
-    return state, _handler(request), vreq, ref_image, facts
+    handler = _handler(request)
+    vreq, ref_image, facts = build_video_request(body, state, configured_defaults(handler))
+    return state, handler, vreq, ref_image, facts
 
 
 # ---- routes -----------------------------------------------------------------------------------
