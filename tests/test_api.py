@@ -69,8 +69,11 @@ def test_openai_sdk_videos(server_pool, old: bool) -> None:
     assert r["first"]["seconds"] == "1" and r["first"]["num_frames"] == 17 and r["first"]["fps"] == 16  # Wan: 16 fps
     assert r["polled"]["status"] == "completed" and r["polled"]["size"] == "48x32"
     assert r["poll_count"] >= 1
-    # create_and_poll waited as long as each answer's openai-poll-after-ms asked (not its 1 s default)
-    assert all(asked > 0 and waited >= asked * 0.9 for waited, asked in r["poll_gaps"]), r["poll_gaps"]
+    # create_and_poll takes its interval from the first in-progress answer's openai-poll-after-ms and
+    # keeps it (openai-python reads the header once), so every wait is at least that first value
+    if r["poll_gaps"]:
+        first_asked = r["poll_gaps"][0][1]
+        assert first_asked > 0 and all(waited >= first_asked * 0.9 for waited, _ in r["poll_gaps"]), r["poll_gaps"]
     assert r["first"]["id"] in r["listed_ids"] and r["polled"]["id"] in r["listed_ids"]
     assert len(r["page1_ids"]) == 1 and r["page1_has_more"] is True
     assert r["video_head"] == "ftyp" and r["video_len"] > 500
