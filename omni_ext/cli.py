@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     from omni_ext.presets.cli import add_subcommands as add_preset_commands
 
     add_preset_commands(sub)
+    from omni_ext.bench.cli import add_subcommands as add_bench_commands
+
+    add_bench_commands(sub)
     return parser
 
 

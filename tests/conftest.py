@@ -18,6 +18,8 @@ from omni_ext.server_process import ServeProcess
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+TUNED = "omni_ext.executor.TunedExecutor"
+
 # name -> (tiny model, extra serve args, extra env)
 SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "wan": ("wan2.1-t2v", [], {"OMNI_EXT_API_MAX_UPLOAD_MB": "2"}),
@@ -28,7 +30,18 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "wan-api": ("wan2.1-t2v", ["--api-key", "sk-omni-ext-test"], {"OMNI_EXT_API_TTL_S": "3600"}),
     # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,
     # which the tests of those patches show.
-    "wan-stock": ("wan2.1-t2v", [], {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests,openai-routes"}),
+    "wan-stock": (
+        "wan2.1-t2v", [], {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests,openai-routes,idle-poll-backoff"}
+    ),
+    # omni-ext's TunedExecutor (tests/test_executor.py): one CFG group of two workers, and two
+    # groups of one worker (data parallel; the last test that uses it kills one of its workers).
+    "wan-tuned-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED], {}),
+    "qwen-tuned-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED], {}),
+    "wan-tuned-dp2": (
+        "wan2.1-t2v",
+        ["--distributed-executor-backend", TUNED, "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}'],
+        {},
+    ),
 }
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 
@@ -53,17 +66,24 @@ class ServerPool:
         self._ready: dict[str, threading.Event] = {}
 
     def _start_all(self) -> None:
-        for name, (model, args, env) in SERVERS.items():
-            proc = ServeProcess(
-                model=str(self.models[model]),
-                args=args,
-                env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(self.log_dir / f"storage-{name}"),
-                     "OMNI_EXT_API_DATA_DIR": str(self.log_dir / f"api-{name}"), **env},
-                log_path=self.log_dir / f"{name}.log",
-            )
-            self.procs[name] = proc.start()
-            self._ready[name] = threading.Event()
-            threading.Thread(target=self._wait, args=(name,), daemon=True).start()
+        # OMNI_EXT_TEST_SERVERS=a,b starts only those up front (a quicker partial run); any other
+        # server is then started when a test first asks for it.
+        only = [x for x in os.environ.get("OMNI_EXT_TEST_SERVERS", "").split(",") if x]
+        for name in only or SERVERS:
+            self._start(name)
+
+    def _start(self, name: str) -> None:
+        model, args, env = SERVERS[name]
+        proc = ServeProcess(
+            model=str(self.models[model]),
+            args=args,
+            env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(self.log_dir / f"storage-{name}"),
+                 "OMNI_EXT_API_DATA_DIR": str(self.log_dir / f"api-{name}"), **env},
+            log_path=self.log_dir / f"{name}.log",
+        )
+        self.procs[name] = proc.start()
+        self._ready[name] = threading.Event()
+        threading.Thread(target=self._wait, args=(name,), daemon=True).start()
 
     def _wait(self, name: str) -> None:
         try:
@@ -77,6 +97,8 @@ class ServerPool:
         with self._lock:
             if not self.procs:
                 self._start_all()
+            if name not in self.procs:
+                self._start(name)
         self._ready[name].wait()
         if name in self.errors:
             pytest.fail(f"server {name!r} did not start: {self.errors[name]}")

@@ -9,7 +9,8 @@ the tests, so what is documented is what runs. Each entry says:
 - ``versions``: the vLLM-Omni versions (PEP 440 specifier) the patch was written and tested for.
   On any other version it is skipped with one warning: upstream may have fixed or moved the code;
 - ``where``: which processes need it: ``worker`` (every process that may host a diffusion worker;
-  cheap to apply anywhere) or ``api`` (only the process serving HTTP);
+  cheap to apply anywhere), ``api`` (only the process serving HTTP) or ``tuned-worker`` (only the
+  worker processes of omni-ext's TunedExecutor, which apply it themselves);
 - ``diff``: the same fix as an upstreamable unified diff under ``patches/`` (checked by a test to
   still apply to the installed vLLM-Omni source);
 - ``test``: the test that shows the bug without the patch;
@@ -161,6 +162,66 @@ PATCHES: tuple[Patch, ...] = (
         removal="Drop once vLLM's AuthenticationMiddleware returns an OpenAI-style error body.",
         upstream="not yet filed; patches/0005-vllm-auth-openai-error-body.diff is ready to send",
         apply="omni_ext.patches.auth_errors:apply",
+    ),
+    Patch(
+        name="idle-poll-backoff",
+        target=(
+            "vllm_omni.engine.orchestrator:asyncio.sleep, vllm_omni.entrypoints.async_omni_base:asyncio.sleep, "
+            "vllm_omni.engine.stage_pool:StagePool.poll_diffusion_output"
+        ),
+        why=(
+            "The API process polls for outputs every 1 ms in two loops (orchestrator stage poll, final-output "
+            "loop): an idle server burns 10-15 % of a CPU core, and while a request runs the wake-ups preempt "
+            "the diffusion workers. CFG ranks meet at an all-gather every step, so a preempted rank stalls "
+            "its partner: on a 2-core host this alone held cfg-2 at ~1.5x instead of ~1.8x. Polls stay at "
+            "1 ms while outputs flow and back off to OMNI_EXT_POLL_IDLE_MS (10 ms) after "
+            "OMNI_EXT_POLL_HOT_MS (50 ms) without one."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0007-orchestrator-idle-poll-backoff.diff",
+        test="tests/test_patches.py::test_idle_server_cpu_bug_and_fix",
+        removal="Drop once vLLM-Omni waits on its output queues instead of polling (or backs off itself).",
+        upstream="not yet filed; patches/0007-orchestrator-idle-poll-backoff.diff is ready to send",
+        apply="omni_ext.patches.idle_poll:apply",
+        notes="Costs a diffusion request at most OMNI_EXT_POLL_IDLE_MS of extra latency; set it to 1 to turn the backoff off.",
+    ),
+    Patch(
+        name="tuned-worker-skip-empty-kv-receive",
+        target="vllm_omni.diffusion.worker.diffusion_model_runner:DiffusionModelRunner.__init__",
+        why=(
+            "With no KV connector configured, DiffusionModelRunner still broadcasts an empty KV payload over "
+            "the WORLD group before every request. omni-ext's TunedExecutor runs different requests on "
+            "different ranks (data parallel, one-rank CFG-free jobs), so that broadcast would block a rank "
+            "until another rank starts a request. The manager is dropped when it has nothing to receive "
+            "(the runner's own no-manager path)."
+        ),
+        versions="==0.30.0",
+        where="tuned-worker",
+        diff="patches/0008-diffusion-runner-no-kv-manager-without-connector.diff",
+        test="tests/test_executor.py::test_two_groups_run_two_requests_concurrently",
+        removal="Drop once vLLM-Omni skips the KV receive when no connector is configured.",
+        upstream="not yet filed; patches/0008-diffusion-runner-no-kv-manager-without-connector.diff is ready to send",
+        apply="omni_ext.patches.kv_broadcast:apply",
+        notes="Applied only inside TunedExecutor worker processes; vLLM-Omni's own executors are untouched.",
+    ),
+    Patch(
+        name="executor-abort-hook",
+        target="vllm_omni.diffusion.diffusion_engine:DiffusionEngine.abort",
+        why=(
+            "DiffusionEngine forgets a request once an async executor has taken it (its scheduler marks it "
+            "finished and its cancellation signal is released), so abort() - e.g. DELETE /v1/videos/{id} - "
+            "never reaches the executor and the request runs to its last step, holding the workers. After "
+            "the stock abort, the ids are passed to executor.abort_requests() when the executor has one "
+            "(omni-ext's TunedExecutor); other executors are unaffected."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0009-diffusion-engine-abort-reaches-async-executor.diff",
+        test="tests/test_executor.py::test_delete_stops_a_running_tuned_job_and_frees_its_ranks",
+        removal="Drop once vLLM-Omni forwards aborts of handed-over requests to the executor.",
+        upstream="not yet filed; patches/0009-diffusion-engine-abort-reaches-async-executor.diff is ready to send",
+        apply="omni_ext.patches.executor_abort:apply",
     ),
 )
 

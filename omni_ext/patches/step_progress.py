@@ -8,7 +8,9 @@ wrapped to note which engine request ids the current batch belongs to, and
 - on rank 0 records the step through ``omni_ext.api.progress.write_progress`` (step-progress);
 - on every rank calls vLLM-Omni's own ``check_request_cancellation()`` (cancel-at-step), which is a
   no-op unless the pipeline opted into cooperative cancellation, and otherwise makes all ranks stop
-  together at this step when the request was aborted (it is a collective across ranks).
+  together at this step when the request was aborted (it is a collective across ranks);
+- under omni-ext's TunedExecutor (which opts out of that), stops a cancelled single-rank job, and
+  reports progress from the job's lead rank rather than global rank 0.
 
 Nothing changes in the numerics or in what is logged.
 """
@@ -40,12 +42,14 @@ class _ReportingBar:
         from vllm_omni.diffusion.cancellation import check_request_cancellation
 
         from omni_ext.api.progress import write_progress
+        from omni_ext.executor.role import check_step_cancel
 
         self._done += int(n)
         if self._ids:
             write_progress(self._ids, self._done, self._total, self._t0)
         result = self._bar.update(n)
         check_request_cancellation()
+        check_step_cancel()  # omni-ext's TunedExecutor: a cancelled single-rank job stops here
         return result
 
     def __enter__(self) -> "_ReportingBar":
@@ -96,7 +100,13 @@ def apply() -> None:
             logger.debug("step-progress: progress bar for %s (total=%s)", ids, total)
             if not ids:
                 return inner
-            return _ReportingBar(inner, total if total is not None else len(iterable), ids, pb._is_rank_zero())
+            from omni_ext.executor.role import reports_progress
+
+            # Under omni-ext's TunedExecutor the job's lead rank reports (a data-parallel or
+            # single-rank job may run on any rank); otherwise vLLM-Omni's rank 0.
+            report = reports_progress()
+            report = pb._is_rank_zero() if report is None else report
+            return _ReportingBar(inner, total if total is not None else len(iterable), ids, report)
 
         setattr(progress_bar, _MARK, True)
         pb.ProgressBarMixin.progress_bar = progress_bar

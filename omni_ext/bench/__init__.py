@@ -1,0 +1,1 @@
+"""Benchmarks on real servers: ``omni-ext bench cfg-parallel|data-parallel --json OUT``."""

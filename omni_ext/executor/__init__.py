@@ -1,0 +1,35 @@
+"""omni-ext's tuned diffusion executor for vLLM-Omni 0.30.
+
+Select it with vLLM-Omni's own option (or ``distributed_executor_backend:`` in a deploy YAML)::
+
+    vllm-omni serve MODEL --omni --distributed-executor-backend omni_ext.executor.TunedExecutor \
+        --cfg-parallel-size 2 [--additional-config '{"omni_ext": {"data_parallel_size": 2}}']
+
+What it does differently from vLLM-Omni's ``MultiprocDiffusionExecutor`` (details in
+:mod:`omni_ext.executor.tuned`):
+
+- CFG parallel end to end: each CFG rank encodes only its own prompt, the Wan VAE decode is split
+  between the two ranks as a two-stage layer pipeline (bitwise the same arithmetic), the per-step
+  exchange stays vLLM-Omni's single all-gather of the noise prediction.
+- Real data parallel: with ``dp`` CFG groups, different requests run on different groups at once.
+- No wasted rank: a request that needs no CFG runs on ONE rank of a CFG group, so a cfg-2 group
+  serves two such requests at the same time.
+- Failure handling: a dead worker fails its requests at once with a clear error, ``/health`` turns
+  503; time limits follow each request's expected cost instead of a fixed 600 s.
+- Ascend defaults for the workers (see :mod:`omni_ext.executor.ascend`).
+
+The package is import-light: the executor class is loaded on first attribute access, so the pure
+helpers (``ascend``, ``policy``) import without vLLM.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TunedExecutor"]
+
+
+def __getattr__(name: str):
+    if name == "TunedExecutor":
+        from omni_ext.executor.tuned import TunedExecutor
+
+        return TunedExecutor
+    raise AttributeError(name)

@@ -1,0 +1,246 @@
+"""Worker-side pipeline support for the tuned executor: Wan2.1/2.2 and Qwen-Image subclasses.
+
+They are registered (vLLM-Omni's ``register_diffusion_model``, same architecture key) only inside
+the tuned executor's worker processes, so every other server, and the engine/API process, keeps
+vLLM-Omni's classes. Outside a CFG pair job (:func:`omni_ext.executor.role.pair_active`) they behave
+exactly like the parent classes. Inside one:
+
+- Text encoding: CFG rank 0 encodes only the prompt, rank 1 only the negative prompt. The other
+  branch gets a placeholder of the right batch/dtype that is never fed to the transformer (in CFG
+  parallel each rank runs only its own branch). Wan does this only when every step runs CFG.
+- Denoising: unchanged, vLLM-Omni's one all-gather of the noise prediction per step.
+- Wan VAE decode: divided between the ranks (:mod:`omni_ext.executor.vae_pipeline`); the video ends
+  on CFG rank 1. Qwen-Image (one frame, nothing to pipeline): only rank 0 decodes, rank 1 returns
+  as soon as the denoise loop ends and is free for the next job.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from omni_ext.executor.role import ROLE, pair_active
+
+logger = logging.getLogger("omni_ext.executor")
+
+_REGISTERED = False
+_LOGGED: set[str] = set()
+
+
+def _log_once(msg: str) -> None:
+    if msg not in _LOGGED:
+        _LOGGED.add(msg)
+        logger.info(msg)
+
+
+def _log_split() -> None:
+    _log_once(
+        f"omni-ext: CFG rank {ROLE.cfg_rank} encodes only the {'prompt' if ROLE.cfg_rank == 0 else 'negative prompt'}"
+    )
+
+
+def _vae_parallel(od_config) -> bool:
+    pc = getattr(od_config, "parallel_config", None)
+    return int(getattr(pc, "vae_patch_parallel_size", 1) or 1) > 1
+
+
+class _SingleRankCfgMixin:
+    """How the tuned pipelines run guidance: one rank alone, or a CFG pair that can be cancelled.
+
+    vLLM-Omni picks the parallel path whenever the CFG group has 2 ranks; a "single" job (one rank
+    of a CFG group, its partner busy with another request) must never enter the group's
+    all-gather, so it runs both branches sequentially on its rank.
+
+    A "pair" job runs vLLM-Omni's CFG-parallel step (each rank its own branch, one all-gather,
+    the same combine on both ranks) with one addition: each rank appends its cancel flag to the
+    noise prediction it contributes, so the per-step exchange stays ONE collective and both ranks
+    learn of a cancellation in the same step and stop together.
+
+    vLLM-Omni's own cooperative cancellation (``supports_request_cancellation``) is off here: its
+    per-step check is an all-reduce over the WORLD group, which cannot work when ranks run
+    different requests, and would be a second collective per step. Cancellation is the
+    executor's instead (:mod:`omni_ext.executor.role`).
+    """
+
+    supports_request_cancellation = False
+
+    def predict_noise_maybe_with_cfg(
+        self, do_true_cfg, true_cfg_scale, positive_kwargs, negative_kwargs,
+        cfg_normalize=True, output_slice=None, kwargs=None,
+    ):
+        extra = {} if kwargs is None else {"kwargs": kwargs}
+        if do_true_cfg and ROLE.mode == "single" and ROLE.cfg_size > 1:
+            from vllm_omni.diffusion.distributed.cfg_parallel import _slice_pred, _wrap
+
+            pos = _wrap(self.predict_noise(**positive_kwargs))
+            neg = _wrap(self.predict_noise(**negative_kwargs))
+            if output_slice is not None:
+                pos, neg = _slice_pred(pos, output_slice), _slice_pred(neg, output_slice)
+            return self.combine_cfg_noise(pos, neg, true_cfg_scale, cfg_normalize, **extra)
+        if do_true_cfg and pair_active():
+            return self._pair_step(true_cfg_scale, positive_kwargs, negative_kwargs, cfg_normalize, output_slice, extra)
+        legacy = () if kwargs is None else (kwargs,)  # Wan's PipelineParallelMixin takes no `kwargs`
+        return super().predict_noise_maybe_with_cfg(
+            do_true_cfg, true_cfg_scale, positive_kwargs, negative_kwargs, cfg_normalize, output_slice, *legacy
+        )
+
+    def _pair_step(self, true_cfg_scale, positive_kwargs, negative_kwargs, cfg_normalize, output_slice, extra):
+        from vllm_omni.diffusion.distributed.cfg_parallel import _slice_pred, _wrap
+        from vllm_omni.diffusion.distributed.parallel_state import get_cfg_group
+
+        from omni_ext.executor.role import aborted, local_cancel_flag
+
+        own = _wrap(self.predict_noise(**(positive_kwargs if ROLE.cfg_rank == 0 else negative_kwargs)))
+        if output_slice is not None:
+            own = _slice_pred(own, output_slice)
+        # One flat buffer per rank: every element of the prediction, then this rank's cancel flag.
+        flat = torch.cat([p.reshape(-1) for p in own] + [own[0].new_full((1,), float(local_cancel_flag()))])
+        gathered = get_cfg_group().all_gather(flat, separate_tensors=True)
+        if any(bool(g[-1].item()) for g in gathered):
+            raise aborted("Request cancelled at a denoise step (both CFG ranks stopped together)")
+
+        def unflatten(buf):
+            parts, at = [], 0
+            for p in own:
+                parts.append(buf[at : at + p.numel()].view(p.shape))
+                at += p.numel()
+            return tuple(parts)
+
+        positive, negative = unflatten(gathered[0]), unflatten(gathered[1])
+        return self.combine_cfg_noise(positive, negative, true_cfg_scale, cfg_normalize, **extra)
+
+
+# ----------------------------------------------------------------------------------------------
+# Wan
+# ----------------------------------------------------------------------------------------------
+from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import (  # noqa: E402
+    Wan22Pipeline,
+    get_wan22_post_process_func,  # noqa: F401  (the registry resolves process funcs in this module)
+    get_wan22_pre_process_func,  # noqa: F401
+)
+
+
+class TunedWan22Pipeline(_SingleRankCfgMixin, Wan22Pipeline):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        vae = getattr(self, "vae", None)
+        if vae is not None and not _vae_parallel(self.od_config):
+            stock_decode = vae.decode
+
+            def decode(z, return_dict: bool = True):
+                from omni_ext.executor import vae_pipeline
+
+                if not pair_active() or not vae_pipeline.can_pipeline(vae, z):
+                    return stock_decode(z, return_dict=return_dict)
+                ctx = vae._execution_context() if hasattr(vae, "_execution_context") else torch.no_grad()
+                with ctx:
+                    out = vae_pipeline.pipelined_decode(vae, z, ROLE.cfg_rank)
+                ROLE.owner = ROLE.cfg_rank == 1
+                if out is None:  # rank 0: the video is on rank 1; hand the pipeline a placeholder
+                    out = torch.empty(z.shape[0], 0, device=z.device)
+                if return_dict:
+                    from diffusers.models.autoencoders.vae import DecoderOutput
+
+                    return DecoderOutput(sample=out)
+                return (out,)
+
+            vae.decode = decode
+
+    def _split_encode(self) -> bool:
+        g1, g2 = self._guidance_scale, self._guidance_scale_2
+        return pair_active() and g1 is not None and g2 is not None and float(g1) > 1.0 and float(g2) > 1.0
+
+    def encode_prompt(
+        self,
+        prompt,
+        negative_prompt=None,
+        do_classifier_free_guidance: bool = True,
+        num_videos_per_prompt: int = 1,
+        max_sequence_length: int = 512,
+        device=None,
+        dtype=None,
+    ):
+        if not (do_classifier_free_guidance and self._split_encode()):
+            return super().encode_prompt(
+                prompt, negative_prompt, do_classifier_free_guidance, num_videos_per_prompt,
+                max_sequence_length, device, dtype,
+            )
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        _log_split()
+        if ROLE.cfg_rank == 0:
+            own, _ = super().encode_prompt(prompts, None, False, num_videos_per_prompt, max_sequence_length, device, dtype)
+            return own, torch.zeros_like(own)  # never used: rank 0 runs only the positive branch
+        neg = negative_prompt or ""
+        negs = len(prompts) * [neg] if isinstance(neg, str) else list(neg)
+        own, _ = super().encode_prompt(negs, None, False, num_videos_per_prompt, max_sequence_length, device, dtype)
+        return torch.zeros_like(own), own  # never used: rank 1 runs only the negative branch
+
+
+# ----------------------------------------------------------------------------------------------
+# Qwen-Image
+# ----------------------------------------------------------------------------------------------
+from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import (  # noqa: E402
+    QwenImagePipeline,
+    get_qwen_image_post_process_func,  # noqa: F401
+)
+
+
+class TunedQwenImagePipeline(_SingleRankCfgMixin, QwenImagePipeline):
+    _omx_split = False
+
+    def forward(self, req):
+        self._omx_split = False
+        try:
+            return super().forward(req)
+        finally:
+            self._omx_split = False
+
+    def _prepare_generation_context(self, **kwargs):
+        has_neg = kwargs.get("negative_prompt") is not None or (
+            kwargs.get("negative_prompt_embeds") is not None and kwargs.get("negative_prompt_embeds_mask") is not None
+        )
+        self._omx_split = pair_active() and float(kwargs.get("true_cfg_scale") or 0) > 1 and has_neg
+        return super()._prepare_generation_context(**kwargs)
+
+    def encode_prompt(
+        self,
+        prompt,
+        num_images_per_prompt: int = 1,
+        prompt_embeds=None,
+        prompt_embeds_mask=None,
+        max_sequence_length: int = 1024,
+        prompt_name: str = "prompt",
+    ):
+        mine = "prompt" if ROLE.cfg_rank == 0 else "negative_prompt"
+        if self._omx_split and prompt_embeds is None and prompt_name != mine:
+            _log_split()
+            n = (1 if isinstance(prompt, str) else len(prompt)) * num_images_per_prompt
+            # Placeholder for the branch this rank never runs: right batch and dtype, length 1.
+            return (
+                torch.zeros(n, 1, 1, dtype=self.text_encoder.dtype, device=self.device),
+                torch.ones(n, 1, dtype=torch.long, device=self.device),
+            )
+        return super().encode_prompt(
+            prompt, num_images_per_prompt, prompt_embeds, prompt_embeds_mask, max_sequence_length, prompt_name
+        )
+
+    def _decode_latents(self, latents, height, width, output_type="pil"):
+        if self._omx_split and ROLE.cfg_rank != 0 and output_type != "latent" and not _vae_parallel(self.od_config):
+            from vllm_omni.diffusion.data import DiffusionOutput
+
+            ROLE.owner = False
+            return DiffusionOutput(output=torch.empty(latents.shape[0], 0))
+        return super()._decode_latents(latents, height, width, output_type)
+
+
+def register_tuned_pipelines() -> list[str]:
+    """Point vLLM-Omni's registry at the tuned classes (call only in tuned worker processes)."""
+    global _REGISTERED
+    from vllm_omni.diffusion.registry import register_diffusion_model
+
+    if not _REGISTERED:
+        register_diffusion_model("WanPipeline", __name__, "TunedWan22Pipeline")
+        register_diffusion_model("QwenImagePipeline", __name__, "TunedQwenImagePipeline")
+        _REGISTERED = True
+    return ["WanPipeline", "QwenImagePipeline"]
