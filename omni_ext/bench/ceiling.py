@@ -51,8 +51,9 @@ def _child(model: str, mode: str, rank: int, port: int, steps: int, lat: list[in
     return {"seconds": dt}
 
 
-def measure(model: Path, height: int, width: int, frames: int, steps: int, reps: int = 3) -> dict:
-    """``reps`` alternating runs of one process vs two; medians and their ratio."""
+def measure(model: Path, height: int, width: int, frames: int, steps: int, reps: int = 3, independent: bool = False) -> dict:
+    """``reps`` alternating runs of one process vs two; medians and their ratio. With ``independent``
+    the two processes do not talk (data parallel): the ratio is their combined throughput vs one."""
     from omni_ext.server_process import free_port
 
     lat = [1, 16, 1 + (frames - 1) // 4, height // 8, width // 8]
@@ -60,7 +61,8 @@ def measure(model: Path, height: int, width: int, frames: int, steps: int, reps:
 
     def run(mode: str) -> float:
         port = free_port()
-        args = [json.dumps([str(model), mode, r, port, steps, lat]) for r in ((0,) if mode == "one" else (0, 1))]
+        ranks = (0,) if mode == "one" else (0, 1)
+        args = [json.dumps([str(model), "one" if mode == "pair_of_ones" else mode, r, port, steps, lat]) for r in ranks]
         procs = [
             subprocess.Popen([sys.executable, "-m", "omni_ext.bench.ceiling", a], stdout=subprocess.PIPE, env=env, text=True)
             for a in args
@@ -74,6 +76,17 @@ def measure(model: Path, height: int, width: int, frames: int, steps: int, reps:
             (one if mode == "one" else two).append(run(mode))
     one.sort()
     two.sort()
+    if independent:
+        both = sorted(run("pair_of_ones") for _ in range(reps))
+        return {
+            "what": "transformer forward loop only (diffusers WanTransformer3DModel), no server; throughput of "
+                    "2 independent processes (both branches each) vs 1 process",
+            "latent_shape": lat,
+            "steps": steps,
+            "one_process_s": one,
+            "two_independent_processes_s": both,
+            "throughput_ratio": 2 * one[len(one) // 2] / both[len(both) // 2],
+        }
     return {
         "what": "transformer forward loop only (diffusers WanTransformer3DModel), no server; "
                 "1 process x 2 branches vs 2 processes x 1 branch + gloo all-gather per step",

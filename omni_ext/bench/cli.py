@@ -42,4 +42,5 @@ def add_subcommands(sub) -> None:
     _common(d, steps=25, size="80x80", frames=17, reps=3)
     d.add_argument("--concurrency", type=int, default=8)
     d.add_argument("--skip-stock-dp", action="store_true", help="skip vLLM-Omni's in-executor DP measurement")
+    d.add_argument("--skip-ceiling", action="store_true", help="skip the no-server two-process ceiling")
     d.set_defaults(func=_dp)

@@ -250,6 +250,13 @@ def run_data_parallel(args) -> dict[str, Any]:
     finally:
         servers.stop()
     med = {k: _median([r["throughput_rps"] for r in v]) for k, v in res.items()}
+    ceiling = None
+    if not getattr(args, "skip_ceiling", False):
+        from omni_ext.bench.ceiling import measure
+
+        w, h = (int(v) for v in args.size.split("x"))
+        ceiling = measure(model, h, w, args.frames, args.steps, independent=True)
+        print(f"[bench] host ceiling (2 independent processes, no server): {ceiling['throughput_ratio']:.3f}x", flush=True)
 
     def ratio(a: str, b: str) -> float | None:
         return med[a] / med[b] if a in med and b in med else None
@@ -265,6 +272,7 @@ def run_data_parallel(args) -> dict[str, Any]:
         "workdir": str(workdir),
         "runs": res,
         "median_throughput_rps": med,
+        "host_ceiling": ceiling,
         "data_parallel": {
             "throughput_ratio_tuned": ratio("tuned_2groups", "tuned_1group"),
             "throughput_ratio_stock": ratio("stock_dp2", "stock_1worker"),
@@ -292,7 +300,8 @@ def main_data_parallel(args) -> int:
     result = run_data_parallel(args)
     return _write(args, result, [("data_parallel.throughput_ratio_tuned", result["data_parallel"]["throughput_ratio_tuned"]),
                                  ("data_parallel.throughput_ratio_stock", result["data_parallel"]["throughput_ratio_stock"]),
-                                 ("cfg_off.throughput_ratio_tuned", result["cfg_off"]["throughput_ratio_tuned"])])
+                                 ("cfg_off.throughput_ratio_tuned", result["cfg_off"]["throughput_ratio_tuned"]),
+                                 ("host ceiling (no server)", (result.get("host_ceiling") or {}).get("throughput_ratio"))])
 
 
 def _write(args, result: dict[str, Any], lines: list[tuple[str, Any]]) -> int:
