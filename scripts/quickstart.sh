@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up the CPU stack, build a tiny random-weight model (Wan2.1-T2V by
 # default), and serve it with the real `vllm-omni serve ... --omni`, omni-ext loaded through its entry
-# points, and CFG parallel across two worker processes on this CPU. Prints a ready-to-paste request once
-# the server answers.
+# points, and CFG parallel across two worker processes on this CPU, run by omni-ext's TunedExecutor
+# (EXECUTOR=stock uses vLLM-Omni's own multi-process executor instead). Prints a ready-to-paste request
+# once the server answers.
 # Environment: PORT (8091), MODEL (wan2.1-t2v | qwen-image), MODEL_DIR (.cache/models/tiny-$MODEL),
-# CFG (2), EXTRA_ARGS.
+# CFG (2), EXECUTOR (tuned | stock), EXTRA_ARGS.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PORT="${PORT:-8091}"
 MODEL="${MODEL:-wan2.1-t2v}"
 MODEL_DIR="${MODEL_DIR:-$ROOT/.cache/models/tiny-$MODEL}"
 CFG="${CFG:-2}"
+EXECUTOR="${EXECUTOR:-tuned}"
 "$ROOT/scripts/setup.sh"
 export PATH="$ROOT/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ ! -f "$MODEL_DIR/model_index.json" ]; then
   echo "[quickstart] building tiny $MODEL at $MODEL_DIR"
   omni-ext make-tiny-model "$MODEL" "$MODEL_DIR"
 fi
-cmd=(vllm-omni serve "$MODEL_DIR" --omni --host 127.0.0.1 --port "$PORT" --cfg-parallel-size "$CFG" ${EXTRA_ARGS:-})
+cmd=(vllm-omni serve "$MODEL_DIR" --omni --host 127.0.0.1 --port "$PORT" --cfg-parallel-size "$CFG")
+if [ "$EXECUTOR" = "tuned" ]; then
+  cmd+=(--distributed-executor-backend omni_ext.executor.TunedExecutor)
+fi
+cmd+=(${EXTRA_ARGS:-})
 echo "[quickstart] ${cmd[*]}"
 "${cmd[@]}" &
 server=$!
@@ -28,7 +34,7 @@ for _ in $(seq 1 300); do
   sleep 1
 done
 echo
-echo "[quickstart] vllm-omni is serving $MODEL_DIR on http://127.0.0.1:$PORT (omni-ext loaded, cfg-parallel $CFG)."
+echo "[quickstart] vllm-omni is serving $MODEL_DIR on http://127.0.0.1:$PORT (omni-ext loaded, cfg-parallel $CFG, $EXECUTOR executor)."
 if [ "$MODEL" = "qwen-image" ]; then
 cat <<MSG
 Paste this in another shell to generate an image (writes cat.png, 64x64):
