@@ -70,33 +70,30 @@ def measure(model: Path, height: int, width: int, frames: int, steps: int, reps:
         outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
         return max(o["seconds"] for o in outs)
 
+    # Alternate one process with the two-process mode being measured (and only that one).
+    other = "pair_of_ones" if independent else "two"
     one, two = [], []
     for i in range(reps):
-        for mode in (("one", "two") if i % 2 == 0 else ("two", "one")):
+        for mode in (("one", other) if i % 2 == 0 else (other, "one")):
             (one if mode == "one" else two).append(run(mode))
     one.sort()
     two.sort()
+    base = {"latent_shape": lat, "steps": steps, "one_process_s": one}
     if independent:
-        both = sorted(run("pair_of_ones") for _ in range(reps))
         return {
             "what": "transformer forward loop only (diffusers WanTransformer3DModel), no server; throughput of "
                     "2 independent processes (both branches each) vs 1 process",
-            "latent_shape": lat,
-            "steps": steps,
-            "one_process_s": one,
-            "two_independent_processes_s": both,
-            "throughput_ratio": 2 * one[len(one) // 2] / both[len(both) // 2],
+            **base,
+            "two_independent_processes_s": two,
+            "throughput_ratio": 2 * one[len(one) // 2] / two[len(two) // 2],
         }
     return {
         "what": "transformer forward loop only (diffusers WanTransformer3DModel), no server; "
                 "1 process x 2 branches vs 2 processes x 1 branch + gloo all-gather per step",
-        "latent_shape": lat,
-        "steps": steps,
-        "one_process_s": one,
+        **base,
         "two_processes_s": two,
         "speedup": one[len(one) // 2] / two[len(two) // 2],
     }
-
 
 if __name__ == "__main__":
     model, mode, rank, port, steps, lat = json.loads(sys.argv[1])
