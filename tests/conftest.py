@@ -93,13 +93,18 @@ class ServerPool:
         finally:
             self._ready[name].set()
 
-    def get(self, name: str) -> ServeProcess:
+    def get(self, name: str, *, quiet: bool = False) -> ServeProcess:
+        """The ready server ``name``. ``quiet=True`` also waits until every other server started so far
+        is up: a test that watches timing (progress that moves, idle CPU, a cancel deadline) must not
+        share two cores with several servers still loading (CI saw a 200-step job finish before its
+        first poll while the others started)."""
         with self._lock:
             if not self.procs:
                 self._start_all()
             if name not in self.procs:
                 self._start(name)
-        self._ready[name].wait()
+        for other in [name, *(list(self._ready) if quiet else [])]:
+            self._ready[other].wait()
         if name in self.errors:
             pytest.fail(f"server {name!r} did not start: {self.errors[name]}")
         return self.procs[name]

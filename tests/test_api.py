@@ -133,7 +133,7 @@ def test_bracketed_multipart_fields(server_pool) -> None:
 
 # ---- progress ---------------------------------------------------------------------------------
 def test_progress_moves_and_poll_header(server_pool) -> None:
-    server = server_pool.get("wan")
+    server = server_pool.get("wan", quiet=True)
     job = requests.post(server.url + "/v1/videos", json={**TINY, "size": "128x128", "num_frames": 9,
                                                            "num_inference_steps": 200}, timeout=60).json()
     seen, headers = [], []

@@ -200,7 +200,7 @@ def _wait_progress(server, job_id: str, at_least: int, timeout: float = 120.0) -
 
 @pytest.mark.parametrize("mode", ["pair", "single"])
 def test_delete_stops_a_running_tuned_job_and_frees_its_ranks(server_pool, mode: str) -> None:
-    server = server_pool.get("wan-tuned-cfg2")
+    server = server_pool.get("wan-tuned-cfg2", quiet=True)
     log0 = server.log_text()
     before, stopped0 = len(executor_events(log0)), log0.count("Stopped cancelled diffusion request(s)")
     # "pair": CFG on, both ranks, cancel decided inside the all-gather; "single": CFG off, one rank.
