@@ -31,7 +31,8 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,
     # which the tests of those patches show.
     "wan-stock": (
-        "wan2.1-t2v", [], {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests,openai-routes,idle-poll-backoff"}
+        "wan2.1-t2v", [],
+        {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests,openai-routes,idle-poll-backoff,gloo-shared-device"},
     ),
     # omni-ext's TunedExecutor (tests/test_executor.py): one CFG group of two workers, and two
     # groups of one worker (data parallel; the last test that uses it kills one of its workers).

@@ -171,6 +171,98 @@ def test_idle_server_cpu_bug_and_fix(server_pool) -> None:
     assert rate["patched"] < 400, rate
 
 
+# --------------------------------------------------------------------------------------------------
+# gloo-shared-device: one gloo event-loop thread per worker instead of one per process group
+# --------------------------------------------------------------------------------------------------
+def _gloo_loops(pid: int) -> dict[int, tuple[int, int]]:
+    """``{process id: (gloo_tcp_loop threads, their context switches so far)}`` over the server's
+    process tree (API process and worker processes)."""
+    import psutil
+
+    out = {}
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        threads = switches = 0
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                if (task / "comm").read_text().strip() != "gloo_tcp_loop":
+                    continue
+                threads += 1
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        switches += int(line.split()[1])
+            except OSError:
+                pass
+        if threads:
+            out[proc.pid] = (threads, switches)
+    return out
+
+
+def _gloo_rank(rank: int, port: int, results) -> None:
+    """One rank of test_gloo_shared_device_groups_still_talk (spawned: patches this process only)."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from omni_ext.patches import gloo_device
+
+    gloo_device.apply()
+    gloo_device.apply()  # idempotent
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    groups = [dist.new_group([0, 1], backend="gloo") for _ in range(6)]
+    sums = []
+    for i, g in enumerate(groups):
+        out = [torch.zeros(4) for _ in range(2)]
+        dist.all_gather(out, torch.full((4,), float(10 * i + rank)), group=g)
+        sums.append(float(torch.stack(out).sum()))
+    loops = sum(1 for t in Path("/proc/self/task").iterdir() if (t / "comm").read_text().strip() == "gloo_tcp_loop")
+    backend = groups[0]._get_backend(torch.device("cpu"))
+    results.put((rank, sums, loops, isinstance(backend, c10d.ProcessGroupGloo)))
+    dist.destroy_process_group()
+
+
+def test_gloo_shared_device_groups_still_talk() -> None:
+    """Seven gloo groups (WORLD + 6) on the shared device: collectives on each are right, one loop
+    thread per process, and torch's isinstance checks still see a ProcessGroupGloo."""
+    import torch.multiprocessing as mp
+
+    from omni_ext.server_process import free_port
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, port, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r, rest) for r, *rest in (results.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for rank in (0, 1):
+        sums, loops, is_gloo = got[rank]
+        assert sums == [4 * (20 * i + 1) for i in range(6)]  # 4 x (10i + 0) + 4 x (10i + 1)
+        assert loops == 1 and is_gloo
+
+
+def test_gloo_loop_threads_bug_and_fix(server_pool) -> None:
+    """Stock: a worker has one gloo loop thread per process group (~19), each waking every 10 ms.
+    Patched: one per worker process; the servers still serve (every other test uses them)."""
+    import time
+
+    patched, stock = server_pool.get("wan", quiet=True), server_pool.get("wan-stock")
+    before = {"patched": _gloo_loops(patched.proc.pid), "stock": _gloo_loops(stock.proc.pid)}
+    t0 = time.monotonic()
+    time.sleep(2.0)
+    dt = time.monotonic() - t0
+    after = {"patched": _gloo_loops(patched.proc.pid), "stock": _gloo_loops(stock.proc.pid)}
+    assert before["stock"] and before["patched"], before  # each server has a worker with gloo groups
+    assert all(n >= 10 for n, _ in before["stock"].values()), before  # the bug: a loop per group
+    assert all(n == 1 for n, _ in before["patched"].values()), before  # the fix: one per process
+    rate = {k: sum(after[k][p][1] - before[k][p][1] for p in before[k] if p in after[k]) / dt for k in before}
+    assert rate["stock"] > 5 * rate["patched"], rate  # ~19 x 100 wake-ups/s vs ~100/s
+
+
 def test_idle_poll_clock_backs_off_only_when_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     from omni_ext.patches import idle_poll
 

@@ -223,6 +223,26 @@ PATCHES: tuple[Patch, ...] = (
         upstream="not yet filed; patches/0009-diffusion-engine-abort-reaches-async-executor.diff is ready to send",
         apply="omni_ext.patches.executor_abort:apply",
     ),
+    Patch(
+        name="gloo-shared-device",
+        target="torch.distributed.distributed_c10d:ProcessGroupGloo",
+        why=(
+            "A vLLM-Omni diffusion worker creates ~19 gloo process groups (WORLD, plus a device and a CPU "
+            "group per parallel dimension), and torch gives each its own gloo TCP device, whose event-loop "
+            "thread wakes every 10 ms: ~1,900 idle wake-ups/s and 3-4 % of a core per worker, all the time. "
+            "On a host with as many cores as workers that time comes out of the denoise loops, and a CFG "
+            "pair (an all-gather every step) loses it twice. All gloo groups of a process are built on one "
+            "shared device instead (one loop thread), through torch's own ProcessGroupGloo options."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0010-diffusion-gloo-groups-share-one-device.diff",
+        test="tests/test_patches.py::test_gloo_loop_threads_bug_and_fix",
+        removal="Drop once vLLM-Omni builds its gloo groups on one device (or gloo's loop stops polling).",
+        upstream="not yet filed; patches/0010-diffusion-gloo-groups-share-one-device.diff is ready to send",
+        apply="omni_ext.patches.gloo_device:apply",
+        notes="Also GLOO_SOCKET_IFNAME is honoured as by torch (one shared device per listed interface).",
+    ),
 )
 
 
