@@ -55,6 +55,15 @@ def wait_for_events(server, before: int, n_done: int, timeout: float = 60.0) -> 
     return new_events(server, before)
 
 
+def run_two_at_once(server, fields: dict, seeds: tuple[int, int]) -> tuple[list, list]:
+    """Two video requests sent together; (responses, the executor events they produced)."""
+    before = len(executor_events(server.log_text()))
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        outs = [f.result() for f in [pool.submit(video_sync, server, **fields, seed=s) for s in seeds]]
+    assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
+    return outs, wait_for_events(server, before, 2)
+
+
 # --------------------------------------------------------------------------------------------------
 # 0. Ascend defaults and time limits: pure decisions, no NPU (torch_npu is never imported here)
 # --------------------------------------------------------------------------------------------------
@@ -149,12 +158,7 @@ def test_tuned_cfg2_image_is_identical_to_one_worker(server_pool) -> None:
 def test_cfg_free_requests_on_cfg2_group_run_once_each_on_different_ranks(server_pool) -> None:
     one, tuned = server_pool.get("wan"), server_pool.get("wan-tuned-cfg2")
     fields = dict(size="32x32", num_frames=5, guidance_scale="1.0", num_inference_steps=40)
-    before = len(executor_events(tuned.log_text()))
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futs = [pool.submit(video_sync, tuned, **fields, seed=s) for s in (11, 12)]
-        outs = [f.result() for f in futs]
-    assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
-    ev = wait_for_events(tuned, before, 2)
+    outs, ev = run_two_at_once(tuned, fields, (11, 12))
     starts = [e for e in ev if e[0] == "start"]
     assert len(starts) == 2, ev  # computed once each (stock runs each on both ranks)
     assert all(e[3] == "single" and len(e[2]) == 1 for e in starts), starts
@@ -229,12 +233,7 @@ def test_two_groups_run_two_requests_concurrently(server_pool) -> None:
     one, dp2 = server_pool.get("wan"), server_pool.get("wan-tuned-dp2")
     assert "2 worker(s), 2 group(s) [[0], [1]] of cfg 1" in dp2.log_text()
     fields = dict(size="32x32", num_frames=5, num_inference_steps=30)
-    before = len(executor_events(dp2.log_text()))
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futs = [pool.submit(video_sync, dp2, **fields, seed=s) for s in (21, 22)]
-        outs = [f.result() for f in futs]
-    assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
-    ev = wait_for_events(dp2, before, 2)
+    outs, ev = run_two_at_once(dp2, fields, (21, 22))
     starts = [e for e in ev if e[0] == "start"]
     assert sorted(e[2] for e in starts) == [(0,), (1,)], ev
     assert [e[0] for e in ev][:2] == ["start", "start"], ev  # overlapped in time

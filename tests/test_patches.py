@@ -141,17 +141,21 @@ def _wakeups(pid: int) -> int:
 
     gloo's own TCP loop threads (about 120 wake-ups/s each in a one-worker server) are left out:
     they are torch's, not the poll loops this patch is about."""
-    total = 0
+    return sum(n for name, n in _threads(pid) if name != "gloo_tcp_loop")
+
+
+def _threads(pid: int) -> list[tuple[str, int]]:
+    """(name, context switches so far) of each live thread of ``pid``."""
+    out = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            if (task / "comm").read_text().strip() == "gloo_tcp_loop":
-                continue
-            for line in (task / "status").read_text().splitlines():
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    total += int(line.split()[1])
+            name = (task / "comm").read_text().strip()
+            switches = sum(int(line.split()[1]) for line in (task / "status").read_text().splitlines()
+                           if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
         except OSError:
-            pass  # a thread that ended meanwhile
-    return total
+            continue  # a thread that ended meanwhile
+        out.append((name, switches))
+    return out
 
 
 def test_idle_server_cpu_bug_and_fix(server_pool) -> None:
@@ -181,19 +185,9 @@ def _gloo_loops(pid: int) -> dict[int, tuple[int, int]]:
 
     out = {}
     for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        threads = switches = 0
-        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
-            try:
-                if (task / "comm").read_text().strip() != "gloo_tcp_loop":
-                    continue
-                threads += 1
-                for line in (task / "status").read_text().splitlines():
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        switches += int(line.split()[1])
-            except OSError:
-                pass
-        if threads:
-            out[proc.pid] = (threads, switches)
+        loops = [n for name, n in _threads(proc.pid) if name == "gloo_tcp_loop"]
+        if loops:
+            out[proc.pid] = (len(loops), sum(loops))
     return out
 
 
@@ -216,7 +210,7 @@ def _gloo_rank(rank: int, port: int, results) -> None:
         out = [torch.zeros(4) for _ in range(2)]
         dist.all_gather(out, torch.full((4,), float(10 * i + rank)), group=g)
         sums.append(float(torch.stack(out).sum()))
-    loops = sum(1 for t in Path("/proc/self/task").iterdir() if (t / "comm").read_text().strip() == "gloo_tcp_loop")
+    loops = sum(1 for name, _ in _threads(os.getpid()) if name == "gloo_tcp_loop")
     backend = groups[0]._get_backend(torch.device("cpu"))
     results.put((rank, sums, loops, isinstance(backend, c10d.ProcessGroupGloo)))
     dist.destroy_process_group()
