@@ -94,7 +94,7 @@ def _ensure_progress_dir() -> None:
     import atexit
     import shutil
 
-    from omni_ext.api.progress import ENV, ensure_progress_dir
+    from omni_ext.progress import ENV, ensure_progress_dir
 
     if os.environ.get(ENV):
         return

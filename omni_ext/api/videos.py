@@ -27,7 +27,7 @@ from omni_ext.api import media, schemas
 from omni_ext.api.errors import APIError, from_pydantic, not_found
 from omni_ext.api.forms import Body, parse_body
 from omni_ext.api.jobs import Job
-from omni_ext.api.progress import clear_progress, read_progress
+from omni_ext.progress import clear_progress, read_progress
 from omni_ext.api.state import VIDEO_DEFAULTS, ApiState, engine_client, get_state, now
 from omni_ext.api.validation import InvalidRequest, check_sampling_params
 

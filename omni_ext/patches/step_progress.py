@@ -5,7 +5,7 @@ one per-step hook shared by Wan and Qwen-Image. ``DiffusionModelRunner._execute_
 wrapped to note which engine request ids the current batch belongs to, and
 ``ProgressBarMixin.progress_bar`` returns the usual bar wrapped so that each ``update()``
 
-- on rank 0 records the step through ``omni_ext.api.progress.write_progress`` (step-progress);
+- on rank 0 records the step through ``omni_ext.progress.write_progress`` (step-progress);
 - on every rank calls vLLM-Omni's own ``check_request_cancellation()`` (cancel-at-step), which is a
   no-op unless the pipeline opted into cooperative cancellation, and otherwise makes all ranks stop
   together at this step when the request was aborted (it is a collective across ranks);
@@ -41,7 +41,7 @@ class _ReportingBar:
     def update(self, n: int = 1) -> Any:
         from vllm_omni.diffusion.cancellation import check_request_cancellation
 
-        from omni_ext.api.progress import write_progress
+        from omni_ext.progress import write_progress
         from omni_ext.executor.role import check_step_cancel
 
         self._done += int(n)
@@ -55,7 +55,7 @@ class _ReportingBar:
     def __enter__(self) -> "_ReportingBar":
         self._bar.__enter__()
         if self._ids:
-            from omni_ext.api.progress import write_progress
+            from omni_ext.progress import write_progress
 
             write_progress(self._ids, 0, self._total, self._t0)
         return self

@@ -87,7 +87,7 @@ class StepProgress:
     def fraction(self) -> float:
         return min(1.0, self.done / self.total) if self.total > 0 else 0.0
 
-    def remaining_s(self, now: float | None = None) -> float | None:
+    def remaining_s(self) -> float | None:
         if self.done <= 0:
             return None
         per_step = max(1e-3, (self.t_last - self.t_start) / self.done)

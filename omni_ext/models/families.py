@@ -1,0 +1,219 @@
+"""The model-family table: everything omni-ext knows per diffusion pipeline class, in one place.
+
+Every other module (request validation and defaults, the OpenAI routes, the tuned executor's CFG
+rule and cost, the tuned pipeline registration, cancellation opt-in, preset rendering) reads this
+table instead of keeping its own list of class names. Adding a model family is one entry here
+plus its tests.
+
+A pipeline class is the ``_class_name`` of a diffusers ``model_index.json`` (what vLLM-Omni
+calls the model architecture, ``od_config.model_class_name``). This module imports nothing from
+vLLM or vLLM-Omni: the executor policy and the scheduler use it in pure code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["video", "image"]
+CfgRule = Literal["wan", "qwen-image", "always"]
+
+
+@dataclass(frozen=True)
+class NativeShape:
+    """What a request that names no size/length gets (the model's release defaults)."""
+
+    width: int
+    height: int
+    num_frames: int = 1
+    fps: int | None = None
+    steps: int = 50
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One family of pipelines that omni-ext treats alike.
+
+    ``cfg_rule``: how a request's guidance decides whether it runs two branches (see
+    :func:`needs_cfg`); ``"always"`` is vLLM-Omni's own assumption for a model omni-ext does not
+    know (the request takes the whole CFG group).
+    ``vllm_omni_class``: the vLLM-Omni class (``module:Class``) that implements the family's
+    text-to-X pipeline, where cancellation is switched on and the tuned subclass derives from.
+    ``tuned_class``: omni-ext's worker-side subclass (``module:Class``) registered under every
+    name in ``pipelines`` inside TunedExecutor workers only; None: the stock class runs there.
+    ``cancellable``: the denoise loop reaches a step boundary on every rank through the progress
+    bar, so vLLM-Omni's cooperative cancellation can be switched on for it.
+    ``topology``: how a deploy YAML reaches the family: ``"registered"`` (vLLM-Omni 0.30 has a
+    pipeline topology under the class name), ``"omni-ext"`` (omni-ext registers one, see
+    :mod:`omni_ext.presets.pipelines`) or None (only the generic single-stage fallback).
+    ``latent_spatial`` x ``latent_spatial`` pixels make one transformer token (VAE downsampling x
+    patch size); ``latent_temporal`` frames make one latent frame (video only); ``decode_units``
+    is the VAE decode's cost in denoise-step equivalents. Together they are the cost formula
+    (:meth:`cost_units`).
+    """
+
+    name: str
+    kind: Kind
+    pipelines: tuple[str, ...]
+    native: NativeShape
+    cfg_rule: CfgRule = "always"
+    default_guidance: float = 4.0
+    can_edit: bool = False
+    accepts_reference: bool = False
+    vllm_omni_class: str | None = None
+    tuned_class: str | None = None
+    cancellable: bool = False
+    topology: Literal["registered", "omni-ext"] | None = None
+    latent_spatial: int = 16
+    latent_temporal: int = 4
+    decode_units: float = 4.0
+
+    @property
+    def is_video(self) -> bool:
+        return self.kind == "video"
+
+    def cost_units(self, sp: Any, cfg: bool) -> float:
+        """A request's expected work in arbitrary units: denoise steps x tokens x branches, plus decode.
+
+        Fields the request leaves unset take the family's native values, as the pipeline would.
+        """
+        steps = _get(sp, "num_inference_steps") or self.native.steps
+        h = _get(sp, "height") or self.native.height
+        w = _get(sp, "width") or self.native.width
+        frames = (_get(sp, "num_frames") or self.native.num_frames) if self.is_video else 1
+        latent_frames = 1 + (max(1, int(frames)) - 1) / self.latent_temporal
+        tokens = (h / self.latent_spatial) * (w / self.latent_spatial) * latent_frames
+        return float(tokens * (steps * (2 if cfg else 1) + self.decode_units))
+
+
+_WAN_NATIVE = NativeShape(width=832, height=480, num_frames=81, fps=16, steps=50)
+
+#: The table. Order matters only for readability.
+FAMILIES: tuple[ModelFamily, ...] = (
+    ModelFamily(
+        name="wan2.x-t2v",
+        kind="video",
+        pipelines=("WanPipeline", "Wan22Pipeline", "WanT2VPipeline"),
+        native=_WAN_NATIVE,
+        cfg_rule="wan",
+        default_guidance=4.0,
+        vllm_omni_class="vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
+        tuned_class="omni_ext.executor.pipelines:TunedWan22Pipeline",
+        cancellable=True,
+        topology="registered",
+    ),
+    ModelFamily(
+        name="wan2.x-i2v",
+        kind="video",
+        pipelines=("WanImageToVideoPipeline",),
+        native=_WAN_NATIVE,
+        cfg_rule="wan",
+        default_guidance=5.0,
+        accepts_reference=True,
+    ),
+    ModelFamily(
+        name="qwen-image",
+        kind="image",
+        pipelines=("QwenImagePipeline",),
+        native=NativeShape(width=1328, height=1328, steps=50),
+        cfg_rule="qwen-image",
+        default_guidance=4.0,
+        vllm_omni_class="vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline",
+        tuned_class="omni_ext.executor.pipelines:TunedQwenImagePipeline",
+        cancellable=True,
+        topology="omni-ext",
+    ),
+    ModelFamily(
+        name="qwen-image-edit",
+        kind="image",
+        pipelines=("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),
+        native=NativeShape(width=1024, height=1024, steps=50),
+        can_edit=True,
+        accepts_reference=True,
+    ),
+    ModelFamily(
+        name="flux-kontext",
+        kind="image",
+        pipelines=("FluxKontextPipeline",),
+        native=NativeShape(width=1024, height=1024, steps=28),
+        can_edit=True,
+        accepts_reference=True,
+    ),
+)
+
+_BY_PIPELINE: dict[str, ModelFamily] = {p: f for f in FAMILIES for p in f.pipelines}
+if len(_BY_PIPELINE) != sum(len(f.pipelines) for f in FAMILIES):  # pragma: no cover - a table typo
+    raise RuntimeError("omni_ext.models.families: a pipeline class is listed in two families")
+
+
+def family_of(pipeline: str | None) -> ModelFamily | None:
+    """The family of a pipeline class, or None for a class omni-ext has no entry for."""
+    return _BY_PIPELINE.get(pipeline or "")
+
+
+def is_video(pipeline: str | None) -> bool:
+    """Whether a pipeline generates video.
+
+    Known classes answer from the table; for a class omni-ext has no entry for, diffusers' naming
+    convention (``...VideoPipeline``/``...I2VPipeline``) decides, so that a video model vLLM-Omni serves
+    but this table does not list still reaches ``/v1/videos``.
+    """
+    family = family_of(pipeline)
+    if family is not None:
+        return family.is_video
+    name = pipeline or ""
+    return "Video" in name or "I2V" in name or "T2V" in name
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    return getattr(obj, name, default) if obj is not None else default
+
+
+def wan_guidance(sp: Any, default: float = 4.0) -> tuple[float, float]:
+    """(guidance_low, guidance_high) exactly as vLLM-Omni's Wan22Pipeline resolves them."""
+    g = _get(sp, "guidance_scale") if _get(sp, "guidance_scale_provided", False) else default
+    low = g if isinstance(g, (int, float)) else g[0]
+    g2 = _get(sp, "guidance_scale_2")
+    if _get(sp, "guidance_scale_2_provided", False) and g2 is not None:
+        high = g2
+    elif isinstance(g, (list, tuple)) and len(g) > 1:
+        high = g[1]
+    else:
+        high = low
+    return float(low), float(high)
+
+
+def needs_cfg(pipeline: str | None, prompt: Any, sp: Any) -> bool:
+    """Whether a request runs two guidance branches (and so can use a whole CFG group).
+
+    Mirrors each pipeline's own test: Wan runs CFG when either guidance scale exceeds 1;
+    Qwen-Image only when ``true_cfg_scale > 1`` *and* a negative prompt is given. Unknown models:
+    True (vLLM-Omni's own behaviour: the request takes the whole CFG group).
+    """
+    family = family_of(pipeline)
+    rule = family.cfg_rule if family is not None else "always"
+    if rule == "wan":
+        low, high = wan_guidance(sp, family.default_guidance if family else 4.0)
+        return low > 1.0 or high > 1.0
+    if rule == "qwen-image":
+        scale = _get(sp, "true_cfg_scale") or (family.default_guidance if family else 4.0)
+        has_neg = isinstance(prompt, dict) and (
+            prompt.get("negative_prompt") is not None or prompt.get("negative_prompt_embeds") is not None
+        )
+        return scale > 1.0 and has_neg
+    return True
+
+
+def cost_units(pipeline: str | None, sp: Any, cfg: bool) -> float:
+    """A request's expected work (see :meth:`ModelFamily.cost_units`); unknown models cost like Wan."""
+    return (family_of(pipeline) or FAMILIES[0]).cost_units(sp, cfg)
+
+
+def tuned_pipelines() -> dict[str, str]:
+    """Pipeline class name -> ``module:Class`` of omni-ext's tuned subclass (TunedExecutor workers)."""
+    return {p: f.tuned_class for f in FAMILIES if f.tuned_class for p in f.pipelines}
+
+
+def cancellable_classes() -> tuple[str, ...]:
+    """vLLM-Omni classes (``module:Class``) to opt into cooperative cancellation."""
+    return tuple(f.vllm_omni_class for f in FAMILIES if f.cancellable and f.vllm_omni_class)
