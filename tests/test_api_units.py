@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from omni_ext.api import progress
+from omni_ext import progress
 from omni_ext.api.errors import APIError
 from omni_ext.api.forms import _set_nested
 from omni_ext.api.jobs import Job, JobStore
