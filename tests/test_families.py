@@ -1,0 +1,105 @@
+"""The model-family table (pure: no vLLM import) and the rules read from it."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from omni_ext.models import families
+from omni_ext.models.families import FAMILIES, family_of, needs_cfg
+
+
+def sp(**kw):
+    return SimpleNamespace(**kw)
+
+
+def test_every_pipeline_class_belongs_to_one_family() -> None:
+    names = [p for f in FAMILIES for p in f.pipelines]
+    assert len(names) == len(set(names))
+    assert len({f.name for f in FAMILIES}) == len(FAMILIES)
+    for f in FAMILIES:
+        assert f.kind in ("video", "image")
+        assert f.native.width % f.latent_spatial == 0 and f.native.height % f.latent_spatial == 0
+        if f.tuned_class or f.cancellable:
+            assert f.vllm_omni_class, f"{f.name}: a tuned or cancellable family names its vLLM-Omni class"
+
+
+@pytest.mark.parametrize(
+    "pipeline,video",
+    [("WanPipeline", True), ("WanImageToVideoPipeline", True), ("QwenImagePipeline", False),
+     ("QwenImageEditPipeline", False), ("HunyuanVideoPipeline", True), ("StableDiffusion3Pipeline", False),
+     (None, False)],
+)
+def test_is_video_from_table_then_naming_convention(pipeline, video) -> None:
+    assert families.is_video(pipeline) is video
+
+
+def test_wan_cfg_rule_follows_both_guidance_scales() -> None:
+    assert needs_cfg("WanPipeline", {}, sp()) is True  # default guidance 4.0
+    assert needs_cfg("WanPipeline", {}, sp(guidance_scale=1.0, guidance_scale_provided=True)) is False
+    assert needs_cfg(
+        "WanPipeline", {},
+        sp(guidance_scale=1.0, guidance_scale_provided=True, guidance_scale_2=3.0, guidance_scale_2_provided=True),
+    ) is True
+    assert families.wan_guidance(sp(guidance_scale=[2.0, 5.0], guidance_scale_provided=True)) == (2.0, 5.0)
+
+
+def test_qwen_image_runs_cfg_only_with_a_negative_prompt() -> None:
+    assert needs_cfg("QwenImagePipeline", {"prompt": "x"}, sp()) is False
+    assert needs_cfg("QwenImagePipeline", {"prompt": "x", "negative_prompt": "y"}, sp()) is True
+    assert needs_cfg("QwenImagePipeline", {"prompt": "x", "negative_prompt": "y"}, sp(true_cfg_scale=1.0)) is False
+
+
+def test_unknown_model_takes_the_whole_cfg_group() -> None:
+    assert needs_cfg("SomeNewPipeline", {}, sp(guidance_scale=1.0, guidance_scale_provided=True)) is True
+
+
+def test_cost_grows_with_steps_tokens_frames_and_branches() -> None:
+    base = families.cost_units("WanPipeline", sp(width=64, height=64, num_frames=9, num_inference_steps=4), False)
+    assert families.cost_units("WanPipeline", sp(width=64, height=64, num_frames=9, num_inference_steps=4), True) > base
+    assert families.cost_units("WanPipeline", sp(width=128, height=64, num_frames=9, num_inference_steps=4), False) == 2 * base
+    longer = families.cost_units("WanPipeline", sp(width=64, height=64, num_frames=81, num_inference_steps=4), False)
+    assert longer == pytest.approx(base * 21 / 3)  # latent frames 1 + 80/4 = 21 vs 1 + 8/4 = 3
+    # An image model ignores num_frames; unset fields take the family's native request.
+    qwen = families.cost_units("QwenImagePipeline", sp(width=64, height=64, num_frames=81, num_inference_steps=4), False)
+    assert qwen == families.cost_units("QwenImagePipeline", sp(width=64, height=64, num_inference_steps=4), False)
+    native = family_of("WanPipeline").native  # type: ignore[union-attr]
+    assert families.cost_units("WanPipeline", sp(), True) == families.cost_units(
+        "WanPipeline",
+        sp(width=native.width, height=native.height, num_frames=native.num_frames, num_inference_steps=native.steps),
+        True,
+    )
+
+
+def test_tuned_and_cancellable_classes_come_from_the_table() -> None:
+    tuned = families.tuned_pipelines()
+    assert tuned["WanPipeline"].endswith(":TunedWan22Pipeline")
+    assert tuned["QwenImagePipeline"].endswith(":TunedQwenImagePipeline")
+    assert "WanImageToVideoPipeline" not in tuned
+    assert set(families.cancellable_classes()) == {
+        "vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
+        "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline",
+    }
+
+
+def test_the_table_names_real_vllm_omni_and_omni_ext_classes() -> None:
+    """A vLLM-Omni release that moves a class the table names fails here, not at a request."""
+    import importlib
+
+    pytest.importorskip("vllm_omni")
+    for f in FAMILIES:
+        for qualname in filter(None, (f.vllm_omni_class, f.tuned_class)):
+            module, _, cls = qualname.partition(":")
+            assert hasattr(importlib.import_module(module), cls), qualname
+
+
+def test_tiny_models_resolve_to_their_family(tmp_path) -> None:
+    from omni_ext.models.tiny import MODELS, build_tiny_model
+
+    expected = {"wan2.1-t2v": "wan2.x-t2v", "qwen-image": "qwen-image"}
+    assert set(expected) == set(MODELS)
+    for model, family in expected.items():
+        index = json.loads((build_tiny_model(model, tmp_path / model) / "model_index.json").read_text())
+        assert family_of(index["_class_name"]).name == family  # type: ignore[union-attr]
