@@ -93,7 +93,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily(
         name="wan2.x-t2v",
         kind="video",
-        pipelines=("WanPipeline", "Wan22Pipeline", "WanT2VPipeline"),
+        pipelines=("WanPipeline",),
         native=_WAN_NATIVE,
         cfg_rule="wan",
         default_guidance=4.0,
@@ -101,6 +101,19 @@ FAMILIES: tuple[ModelFamily, ...] = (
         tuned_class="omni_ext.executor.pipelines:TunedWan22Pipeline",
         cancellable=True,
         topology="registered",
+    ),
+    ModelFamily(
+        # vLLM-Omni's own Wan2.2 class names (TI2V-5B release shape); the pipeline takes an optional
+        # reference image (its I2V mode); no deploy-YAML topology is registered under these names.
+        name="wan2.2-ti2v",
+        kind="video",
+        pipelines=("Wan22Pipeline", "WanT2VPipeline"),
+        native=NativeShape(width=1280, height=704, num_frames=121, fps=24, steps=50),
+        cfg_rule="wan",
+        default_guidance=4.0,
+        accepts_reference=True,
+        vllm_omni_class="vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
+        cancellable=True,
     ),
     ModelFamily(
         name="wan2.x-i2v",
@@ -216,4 +229,4 @@ def tuned_pipelines() -> dict[str, str]:
 
 def cancellable_classes() -> tuple[str, ...]:
     """vLLM-Omni classes (``module:Class``) to opt into cooperative cancellation."""
-    return tuple(f.vllm_omni_class for f in FAMILIES if f.cancellable and f.vllm_omni_class)
+    return tuple(dict.fromkeys(f.vllm_omni_class for f in FAMILIES if f.cancellable and f.vllm_omni_class))
