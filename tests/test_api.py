@@ -217,6 +217,9 @@ VIDEO_BAD_JSON = [
     ({"prompt": "x", "seconds": "abc"}, 400, "seconds"),
     ({"prompt": "x", "seconds": "-4"}, 400, "seconds"),
     ({"prompt": "x", "seconds": "1000"}, 400, "seconds"),
+    ({"prompt": "x", "seconds": "61"}, 400, "seconds"),  # limits.MAX_SECONDS, as the schema's pattern says
+    ({"prompt": "x", "fps": 241}, 400, "fps"),
+    ({"prompt": "x", "seed": -1}, 400, "seed"),
     ({"prompt": "x", "num_inference_steps": "many"}, 400, "num_inference_steps"),
     ({"prompt": "x", "num_inference_steps": 201}, 400, "num_inference_steps"),
     ({"prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
@@ -265,8 +268,10 @@ def test_malformed_bodies_ids_and_queries(server_pool) -> None:
         assert_openai_error(resp, status), i
     slow = requests.post(server.url + "/v1/videos", json={**TINY, "size": "128x128", "num_frames": 9,
                                                             "num_inference_steps": 200}).json()
-    for variant, status in (("video", 409), ("bogus", 400), ("spritesheet", 400)):
-        assert_openai_error(requests.get(f"{server.url}/v1/videos/{slow['id']}/content?variant={variant}"), status)
+    for variant, status, needle in (("video", 409, "completed"), ("bogus", 400, "'spritesheet'"),
+                                    ("spritesheet", 400, "not produced")):
+        err = assert_openai_error(requests.get(f"{server.url}/v1/videos/{slow['id']}/content?variant={variant}"), status)
+        assert needle in err["message"], err
     assert wait_done(server, slow["id"])["status"] == "completed"
     assert requests.post(server.url + "/v1/videos/sync", json={**TINY, "size": "32x32", "num_frames": 5}).status_code == 200
 

@@ -1,9 +1,12 @@
-"""Pure logic behind the API routes: form keys, the job store, progress files, poll intervals, settings."""
+"""Pure logic behind the API routes: form keys and fields, the job store, progress files, poll intervals,
+settings, request limits against the OpenAPI schemas, the video backend resolved once."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,13 +14,14 @@ from types import SimpleNamespace
 import pytest
 
 from omni_ext import progress
+from omni_ext.api import limits, schemas
 from omni_ext.api.errors import APIError
-from omni_ext.api.forms import _set_nested
+from omni_ext.api.forms import Body, _set_nested, bounded_int, parse_size
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.settings import load_settings
-from omni_ext.api.state import ApiState
-from omni_ext.api.validation import ModelLimits
-from omni_ext.api.videos import poll_after_ms
+from omni_ext.api.state import ApiState, native_video_defaults
+from omni_ext.api.validation import ModelLimits, limits_for_model
+from omni_ext.api.videos import build_video_request, poll_after_ms
 
 
 def test_bracketed_form_keys() -> None:
@@ -64,11 +68,8 @@ def test_store_survives_reopen_and_fails_interrupted(tmp_path: Path) -> None:
 
 
 def test_expiry_sweep_removes_media_keeps_record(tmp_path: Path) -> None:
-    settings = load_settings(SimpleNamespace(port=1, additional_config=None), {"OMNI_EXT_API_DATA_DIR": str(tmp_path)})
-    settings.media_dir.mkdir(parents=True)
-    store = JobStore(settings.db_path)
-    state = ApiState(settings=settings, store=store, model_name="m", model_path="m",
-                     limits=ModelLimits("WanPipeline", 16, 1, True))
+    state = _wan_state(tmp_path)
+    settings, store = state.settings, state.store
     (settings.media_dir / "old.mp4").write_bytes(b"x")
     (settings.media_dir / "new.mp4").write_bytes(b"y")
     store.add(Job(id="video_old", kind="video", status="completed", expires_at=int(time.time()) - 1, media={"video": "old.mp4"}))
@@ -111,24 +112,212 @@ def test_poll_after_ms(remaining, expected) -> None:
     assert poll_after_ms(remaining) == expected
 
 
-def _wan_state(tmp_path: Path) -> ApiState:
+def _state(tmp_path: Path, limits: ModelLimits) -> ApiState:
     settings = load_settings(SimpleNamespace(port=1, additional_config=None), {"OMNI_EXT_API_DATA_DIR": str(tmp_path)})
-    return ApiState(settings=settings, store=JobStore(settings.db_path), model_name="m", model_path="m",
-                    limits=ModelLimits("WanPipeline", 16, 1, True))
+    settings.media_dir.mkdir(parents=True, exist_ok=True)
+    return ApiState(settings=settings, store=JobStore(settings.db_path), model_name="m", model_path="m", limits=limits)
+
+
+def _wan_state(tmp_path: Path) -> ApiState:
+    return _state(tmp_path, ModelLimits("WanPipeline", 16, 1, True))
 
 
 def test_seconds_and_size_map_to_native_or_configured_defaults(tmp_path: Path) -> None:
-    from omni_ext.api.forms import Body
-    from omni_ext.api.videos import build_video_request
-
     state = _wan_state(tmp_path)
-    _, _, facts = build_video_request(Body({"prompt": "x", "seconds": "5"}), state)
-    assert (facts["width"], facts["height"], facts["num_frames"], facts["fps"]) == (832, 480, 81, 16)  # Wan2.1 native
-    _, _, facts = build_video_request(Body({"prompt": "x"}), state)
+    native = native_video_defaults(state.limits)
+    assert native == {"width": 832, "height": 480, "num_frames": 81, "fps": 16}  # Wan2.1's, from the family table
+    _, _, facts = build_video_request(Body({"prompt": "x", "seconds": "5"}), state, native)
+    assert (facts["width"], facts["height"], facts["num_frames"], facts["fps"]) == (832, 480, 81, 16)
+    _, _, facts = build_video_request(Body({"prompt": "x"}), state, native)
     assert (facts["num_frames"], facts["seconds"]) == (81, "5")
     # a preset's configured defaults win over the native ones
-    _, _, facts = build_video_request(Body({"prompt": "x"}), state, {"width": 320, "height": 192, "num_frames": 17})
+    configured = {**native, "width": 320, "height": 192, "num_frames": 17}
+    _, _, facts = build_video_request(Body({"prompt": "x"}), state, configured)
     assert (facts["width"], facts["height"], facts["num_frames"]) == (320, 192, 17)
     with pytest.raises(APIError) as err:
-        build_video_request(Body({"prompt": "x", "seconds": "2", "size": "100x100"}), state)
+        build_video_request(Body({"prompt": "x", "seconds": "2", "size": "100x100"}), state, native)
     assert err.value.status == 400 and "multiple of 16" in err.value.message
+    assert native_video_defaults(ModelLimits("QwenImagePipeline", 16, 2, False)) == {}
+    assert native_video_defaults(ModelLimits("SomeNewVideoPipeline", 16, 1, True)) == {}
+
+
+# ---- limits: declared once (omni_ext.api.limits), documented by the schemas, enforced by the routes ----
+VIDEO_BOUNDS = {
+    "num_inference_steps": (limits.MIN_STEPS, limits.MAX_VIDEO_STEPS),
+    "guidance_scale": (0, limits.MAX_VIDEO_GUIDANCE),
+    "guidance_scale_2": (0, limits.MAX_VIDEO_GUIDANCE),
+    "true_cfg_scale": (0, limits.MAX_VIDEO_GUIDANCE),
+    "seed": (0, limits.MAX_SEED),
+    "width": (1, None),
+    "height": (1, None),
+    "num_frames": (1, limits.MAX_FRAMES),
+    "fps": (1, limits.MAX_FPS),
+    "boundary_ratio": (0, 1),
+}
+IMAGE_BOUNDS = {
+    "n": (1, limits.MAX_OUTPUTS),
+    "output_compression": (0, limits.MAX_COMPRESSION),
+    "num_inference_steps": (limits.MIN_STEPS, limits.MAX_STEPS),
+    "guidance_scale": (0, None),
+    "true_cfg_scale": (0, None),
+    "seed": (0, limits.MAX_SEED),
+}
+
+
+def _schema_bounds(schema: dict) -> dict:
+    return {name: (prop.get("minimum"), prop.get("maximum"))
+            for name, prop in schema["properties"].items() if "minimum" in prop or "maximum" in prop}
+
+
+def test_schemas_declare_the_limits_constants() -> None:
+    assert _schema_bounds(schemas.VIDEO_CREATE) == VIDEO_BOUNDS
+    assert _schema_bounds(schemas.IMAGE_GENERATE) == IMAGE_BOUNDS
+    seconds = re.compile(schemas.VIDEO_CREATE["properties"]["seconds"]["pattern"])
+    assert [s for s in map(str, range(-1, 200)) if seconds.match(s)] == [str(i) for i in range(1, limits.MAX_SECONDS + 1)]
+    assert not any(seconds.match(s) for s in ("01", "4.0", " 4", "4 ", ""))
+    size = re.compile(schemas.IMAGE_GENERATE["properties"]["size"]["oneOf"][0]["pattern"])
+    assert size.match("9" * limits.SIZE_DIGITS + "x1") and not size.match("9" * (limits.SIZE_DIGITS + 1) + "x1")
+
+
+def test_video_bounds_are_vllm_omnis() -> None:
+    """/v1/videos builds vLLM-Omni's VideoGenerationRequest: the limits that mirror its bounds must match them."""
+    from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
+
+    def upper(name: str) -> float:
+        return next(m.le for m in VideoGenerationRequest.model_fields[name].metadata if getattr(m, "le", None) is not None)
+
+    assert upper("num_inference_steps") == limits.MAX_VIDEO_STEPS
+    assert upper("guidance_scale") == upper("guidance_scale_2") == upper("true_cfg_scale") == limits.MAX_VIDEO_GUIDANCE
+    assert upper("boundary_ratio") == 1 and upper("num_outputs_per_prompt") == limits.MAX_OUTPUTS
+
+
+def _edges(bounds: dict) -> list[tuple[str, float, bool]]:
+    """(field, value, accepted) at and just past every bound."""
+    out = []
+    for name, (lo, hi) in bounds.items():
+        out += [(name, lo, True), (name, lo - 1, False)]
+        if hi is not None:
+            out += [(name, hi, True), (name, hi + 1, False)]
+    return out
+
+
+@pytest.mark.parametrize("name,value,accepted", _edges(VIDEO_BOUNDS) + [("seconds", "1", True), ("seconds", "0", False),
+                         (("seconds", str(limits.MAX_SECONDS), True)), ("seconds", str(limits.MAX_SECONDS + 1), False)])
+def test_video_route_enforces_what_the_schema_says(tmp_path: Path, name: str, value, accepted: bool) -> None:
+    state = _state(tmp_path, ModelLimits("WanPipeline", 0, 1, True))  # spatial multiple unknown: any width
+    body = Body({"prompt": "x", name: value})
+    if accepted:
+        build_video_request(body, state, {})
+    else:
+        with pytest.raises(APIError) as err:
+            build_video_request(body, state, {})
+        assert err.value.status == 400 and name in err.value.message + str(err.value.param)
+
+
+@pytest.mark.parametrize("name,value,accepted", _edges(IMAGE_BOUNDS))
+def test_image_route_enforces_what_the_schema_says(tmp_path: Path, name: str, value, accepted: bool) -> None:
+    from omni_ext.api.images import parse_generation
+
+    state = _state(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False))
+    if accepted:
+        assert parse_generation({"prompt": "x", name: value}, state)[name] == value
+    else:
+        with pytest.raises(APIError) as err:
+            parse_generation({"prompt": "x", name: value}, state)
+        assert err.value.status == 400 and name in err.value.message + str(err.value.param)
+
+
+def test_field_parsers() -> None:
+    assert [bounded_int(v, "k", 1, 9) for v in (3, "3", " 3 ", "3.0", 3.0)] == [3] * 5
+    for bad in ("3.5", "x", "", None, True, {}, [], float("nan"), float("inf")):
+        with pytest.raises(APIError) as err:
+            bounded_int(bad, "k", 1, 9)
+        assert err.value.param == "k" and "'k' must be an integer" in err.value.message
+    with pytest.raises(APIError, match="between 1 and 9, got 10"):
+        bounded_int("10", "k", 1, 9)
+    assert parse_size(" 832 X 480 ") == (832, 480)
+    for bad in ("832x", "x480", "832*480", "123456x1"):
+        with pytest.raises(APIError):
+            parse_size(bad)
+
+
+def test_model_family_decides_video_and_reference(tmp_path: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    for pipeline, is_video in (("WanImageToVideoPipeline", True), ("QwenImagePipeline", False),
+                               ("FooVideoPipeline", True), ("FluxKontextPipeline", False)):
+        root = tmp_path / pipeline
+        root.mkdir()
+        (root / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
+        assert limits_for_model(str(root)).is_video is is_video
+    png = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(png, format="PNG")
+    upload = {"input_reference": ("a.png", "image/png", png.getvalue())}
+    for pipeline, accepted in (("WanPipeline", False), ("WanImageToVideoPipeline", True), ("FooVideoPipeline", True)):
+        state = _state(tmp_path / pipeline, ModelLimits(pipeline, 16, 1, True))
+        if accepted:
+            assert build_video_request(Body({"prompt": "x"}, upload), state, {})[1].size == (16, 16)
+        else:
+            with pytest.raises(APIError) as err:
+                build_video_request(Body({"prompt": "x"}, upload), state, {})
+            assert err.value.code == "unsupported_parameter"
+
+
+# ---- start-up work happens once; content is served by one function --------------------------------
+class _Handler:
+    def __init__(self) -> None:
+        self.calls = {"defaults": 0, "stage_configs": []}
+
+    async def _run_and_extract(self, *a, **kw):  # pragma: no cover - never called here
+        raise AssertionError
+
+    def set_stage_configs_if_missing(self, configs) -> None:
+        self.calls["stage_configs"].append(configs)
+
+    def _resolve_default_sampling_params(self):
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+        self.calls["defaults"] += 1
+        return OmniDiffusionSamplingParams(num_frames=17, width=320)
+
+
+def test_video_backend_resolved_once_and_503_until_ready(tmp_path: Path) -> None:
+    state = _wan_state(tmp_path)
+    app_state = SimpleNamespace(engine_client=None, openai_serving_video=_Handler(), stage_configs=["stage0"])
+    with pytest.raises(APIError) as err:
+        state.video_backend(app_state)
+    assert (err.value.status, err.value.code) == (503, "engine_unavailable") and state.video is None
+    app_state.engine_client = object()
+    first = state.video_backend(app_state)
+    assert state.video_backend(app_state) is first
+    handler = app_state.openai_serving_video
+    assert handler.calls == {"defaults": 1, "stage_configs": [["stage0"]]}
+    assert first.defaults == {"width": 320, "height": 480, "num_frames": 17, "fps": 16}  # configured over native
+    other = _state(tmp_path / "other", state.limits)
+    with pytest.raises(APIError) as err:
+        other.video_backend(SimpleNamespace(engine_client=object(), openai_serving_video=None))
+    assert (err.value.status, err.value.code) == (503, "video_unavailable")
+
+
+def test_find_job_and_read_media(tmp_path: Path) -> None:
+    state = _wan_state(tmp_path)
+    (state.settings.media_dir / "a.mp4").write_bytes(b"mp4")
+    state.store.add(Job(id="video_a", kind="video", status="completed", media={"video": "a.mp4"}))
+    state.store.add(Job(id="video_gone", kind="video", status="completed", media={"video": "gone.mp4"}))
+    state.store.add(Job(id="img_old", kind="image", status="completed"))
+    job = state.find_job("video", "video_a")
+    assert asyncio.run(state.read_media(job, "video", "The content of video video_a")) == b"mp4"
+    cases = [
+        (lambda: state.find_job("video", "../x"), 400, "invalid_id", "Invalid video id."),
+        (lambda: state.find_job("video", "img_old"), 404, "video_not_found", "No video found with id 'img_old'."),
+        (lambda: asyncio.run(state.read_media(state.find_job("image", "img_old"), "image", "Image img_old")),
+         404, "image_expired", "Image img_old has expired."),
+        (lambda: asyncio.run(state.read_media(state.find_job("video", "video_gone"), "video", "The content of video v")),
+         404, "video_content_missing", "The content of video v is no longer stored."),
+    ]
+    for call, status, code, message in cases:
+        with pytest.raises(APIError) as err:
+            call()
+        assert (err.value.status, err.value.code, err.value.message) == (status, code, message)

@@ -8,10 +8,14 @@ and the body must have this shape, or clients print "None".
 
 from __future__ import annotations
 
+import logging
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi.responses import JSONResponse
+if TYPE_CHECKING:
+    from fastapi.responses import JSONResponse
+
+logger = logging.getLogger("omni_ext.api")
 
 _TYPES = {
     400: "invalid_request_error",
@@ -54,11 +58,14 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
+        from fastapi.responses import JSONResponse
+
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return APIError(status, message, param=param, code=code).body()
+def bad_request(message: str, param: str | None, code: str = "invalid_value") -> APIError:
+    """A 400 about one request field (``param``)."""
+    return APIError(HTTPStatus.BAD_REQUEST, message, param=param, code=code)
 
 
 def not_found(kind: str, ident: str) -> APIError:
@@ -71,5 +78,28 @@ def from_pydantic(exc: Exception) -> APIError:
     if errors:
         first = errors[0]
         loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return APIError(HTTPStatus.BAD_REQUEST, f"Invalid '{loc}': {first.get('msg')}", param=loc or None, code="invalid_value")
-    return APIError(HTTPStatus.BAD_REQUEST, str(exc), code="invalid_value")
+        return bad_request(f"Invalid '{loc}': {first.get('msg')}", loc or None)
+    return bad_request(str(exc), None)
+
+
+def client_error(exc: BaseException) -> APIError | None:
+    """``exc`` as the 4xx it stands for (ours, vLLM-Omni's ``OmniClientError``, a 4xx HTTPException), else None."""
+    from fastapi import HTTPException
+    from vllm_omni.errors import OmniClientError
+
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, OmniClientError):
+        return APIError(exc.status_code, exc.message, code="invalid_value")
+    if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500:
+        return APIError(exc.status_code, str(exc.detail), code="invalid_value")
+    return None
+
+
+def generation_error(exc: BaseException, what: str, request_id: str) -> APIError:
+    """Why a generation failed, for the client: its own mistake (4xx), or a logged 500 ``generation_failed``."""
+    client = client_error(exc)
+    if client is not None:
+        return client
+    logger.error("omni-ext: %s %s failed", what.lower(), request_id, exc_info=exc)
+    return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"{what} failed: {exc}", code="generation_failed")

@@ -6,21 +6,30 @@
 - vLLM-Omni's own clients send multipart with JSON-encoded strings for ``extra_params``/``lora``.
 Both become one plain dict here; pydantic then coerces types. Uploads are size-limited while
 being read: a body larger than the limit is refused with 413 before it is read whole.
+
+The field parsers below (ids, ``size``, bounded numbers, prompt and model) are shared by the video and
+image routes, so that one field is parsed, bounded and worded the same way everywhere. They need
+neither FastAPI nor vLLM-Omni (only :class:`~omni_ext.api.errors.APIError`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
-from fastapi import Request
-from starlette.datastructures import UploadFile
+from omni_ext.api.errors import APIError, bad_request
+from omni_ext.api.limits import SIZE_DIGITS
 
-from omni_ext.api.errors import APIError
+if TYPE_CHECKING:
+    from fastapi import Request
 
+#: Job and media ids (also what keeps a path parameter out of the file system).
+ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_SIZE_RE = re.compile(rf"\s*(\d{{1,{SIZE_DIGITS}}})\s*[xX]\s*(\d{{1,{SIZE_DIGITS}}})\s*")
 _BRACKET = re.compile(r"^([^\[\]]+)((?:\[[^\[\]]*\])+)$")
 _JSON_FIELDS = ("extra_params", "lora", "image_reference", "video_reference", "audio_reference", "input_reference")
 
@@ -95,6 +104,9 @@ def _maybe_json(name: str, value: Any) -> Any:
 
 async def parse_body(request: Request, limit: int, *, allow_files: bool = True) -> Body:
     """Parse a JSON or multipart/urlencoded body into plain fields (and uploaded files)."""
+    from starlette.datastructures import UploadFile
+    from starlette.requests import Request as FormRequest
+
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     raw = await read_limited(request, limit)
     if ctype in ("application/json", "") or ctype.endswith("+json"):
@@ -118,7 +130,7 @@ async def parse_body(request: Request, limit: int, *, allow_files: bool = True) 
         return {"type": "http.request", "body": raw, "more_body": False}
 
     try:
-        form = await Request(request.scope, replay).form(max_files=16, max_fields=256)
+        form = await FormRequest(request.scope, replay).form(max_files=16, max_fields=256)
     except Exception as exc:  # starlette raises MultiPartException / HTTPException on malformed bodies
         raise APIError(HTTPStatus.BAD_REQUEST, f"Malformed form body: {getattr(exc, 'detail', exc)}", code="invalid_form") from None
     fields: dict[str, Any] = {}
@@ -133,12 +145,79 @@ async def parse_body(request: Request, limit: int, *, allow_files: bool = True) 
     return Body(fields={k: _maybe_json(k, v) for k, v in fields.items()}, files=files)
 
 
-def parse_bool(value: Any) -> bool | None:
-    if value is None or isinstance(value, bool):
+# ---- fields ------------------------------------------------------------------------------------
+def parse_size(value: Any) -> tuple[int, int]:
+    """``"WIDTHxHEIGHT"`` (``x`` or ``X``, blanks around the numbers allowed) as ``(width, height)``."""
+    m = _SIZE_RE.fullmatch(str(value))
+    if not m:
+        raise bad_request(f"'size' must look like WIDTHxHEIGHT (e.g. 832x480), got {value!r}.", "size")
+    return int(m.group(1)), int(m.group(2))
+
+
+def bounded_int(value: Any, name: str, lo: int, hi: int) -> int:
+    """An integer from ``lo`` to ``hi``: a JSON number or a form string (``"4"``, ``" 4 "``, ``"4.0"``)."""
+    number = _as_int(value)
+    if number is None:
+        raise bad_request(f"'{name}' must be an integer, got {value!r}.", name)
+    if not lo <= number <= hi:
+        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {number}.", name)
+    return number
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    if isinstance(value, int):
         return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off", ""):
-        return False
-    raise ValueError(f"not a boolean: {value!r}")
+    text = str(value).strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
+
+
+def optional_int(fields: dict[str, Any], name: str, lo: int, hi: int, default: int | None = None) -> int | None:
+    """:func:`bounded_int` of ``fields[name]``, or ``default`` when it is absent or null."""
+    value = fields.get(name)
+    return default if value is None else bounded_int(value, name, lo, hi)
+
+
+def optional_float(fields: dict[str, Any], name: str) -> float | None:
+    """``fields[name]`` as a float, None when absent or null (limits are the validator's)."""
+    value = fields.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise bad_request(f"'{name}' must be a number, got {value!r}.", name) from None
+
+
+def check_known(fields: Iterable[str], accepted: Iterable[str]) -> None:
+    """Refuse the first field a route does not know (OpenAI's wording), instead of ignoring it."""
+    unknown = sorted(set(fields) - set(accepted))
+    if unknown:
+        raise bad_request(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0], "unknown_parameter")
+
+
+def check_prompt(fields: dict[str, Any]) -> str:
+    prompt = fields.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise bad_request("'prompt' is required and must be a non-empty string.", "prompt",
+                          "missing_required_parameter")
+    return prompt
+
+
+def check_model(fields: dict[str, Any], served_name: str, served_path: str) -> None:
+    """``model`` may be omitted or name the served model (by its served name or its path)."""
+    model = fields.get("model")
+    if not isinstance(model, (str, type(None))):
+        raise bad_request("'model' must be a string.", "model")
+    if model not in (None, "", served_name, served_path):
+        raise APIError(HTTPStatus.NOT_FOUND, f"The model '{model}' does not exist on this server (serving "
+                       f"'{served_name}').", param="model", code="model_not_found")

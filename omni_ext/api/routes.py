@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
 from omni_ext.api.errors import APIError
+from omni_ext.api.forms import ID_RE
 
 logger = logging.getLogger("omni_ext.api")
 
@@ -68,8 +69,6 @@ def build_router(stock_edits_app: Any = None) -> APIRouter:
 
 
 async def _unknown_path(request: Request, rest: str) -> JSONResponse:
-    from omni_ext.api.videos import ID_RE
-
     first = rest.split("/", 1)[0]
     if not ID_RE.match(first):
         raise APIError(HTTPStatus.BAD_REQUEST, "Invalid id in path.", param="id", code="invalid_id")
@@ -84,12 +83,12 @@ class EditsDispatch:
         self.stock_app = stock_app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from omni_ext.api.images import supports_edits
         from omni_ext.api.state import init_state
 
         app = scope["app"]
         state = init_state(app.state, getattr(app.state, "args", None))
-        if supports_edits(state.limits.pipeline) and self.stock_app is not None:
+        family = state.limits.family
+        if family is not None and family.can_edit and self.stock_app is not None:
             await self.stock_app(scope, receive, send)
             return
         err = APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline or 'unknown'}) does not "

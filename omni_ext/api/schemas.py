@@ -1,14 +1,48 @@
 """OpenAPI request-body schemas for omni-ext's routes (documentation, SDK generators, schemathesis).
 
 The routes parse bodies themselves (JSON and multipart share one parser), so FastAPI cannot infer
-these; they are declared here to match what the parsers accept.
+these; they are declared here to match what the parsers accept, and every bound is built from
+:mod:`omni_ext.api.limits`, the constants the parsers and the validator enforce.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-_SIZE = {"type": "string", "pattern": r"^\d{1,5}x\d{1,5}$", "example": "832x480"}
+from omni_ext.api.limits import (
+    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_SECONDS, MAX_SEED, MAX_STEPS,
+    MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_STEPS, SIZE_DIGITS,
+)
+
+
+def integer_pattern(hi: int) -> str:
+    """A regex for the decimal integers 1..``hi`` written plainly (no sign, blank or leading zero)."""
+    digits = str(hi)
+
+    def then_any(n: int) -> str:
+        return "" if n == 0 else r"\d" if n == 1 else rf"\d{{{n}}}"
+
+    shorter = [r"[1-9]" + then_any(k) for k in range(len(digits) - 1)]
+    below = []  # as long as hi but smaller: hi's first i digits, a smaller digit, then any digits
+    for i, d in enumerate(digits):
+        lowest, top = (1 if i == 0 else 0), int(d) - 1
+        if top >= lowest:
+            smaller = str(top) if top == lowest else f"[{lowest}-{top}]"
+            below.append(digits[:i] + smaller + then_any(len(digits) - i - 1))
+    return "^(?:" + "|".join(shorter + below + [digits]) + ")$"
+
+
+def _integer(lo: int, hi: int | None = None) -> dict[str, Any]:
+    return {"type": "integer", "minimum": lo, **({"maximum": hi} if hi is not None else {})}
+
+
+def _number(lo: float, hi: float | None = None) -> dict[str, Any]:
+    return {"type": "number", "minimum": lo, **({"maximum": hi} if hi is not None else {})}
+
+
+_SIZE = {"type": "string", "pattern": rf"^\d{{1,{SIZE_DIGITS}}}x\d{{1,{SIZE_DIGITS}}}$", "example": "832x480",
+         "description": f"WIDTHxHEIGHT, each a multiple of the model's spatial multiple, at most {MAX_PIXELS} pixels."}
+_SIDE = {**_integer(1), "description": "A multiple of the model's spatial multiple (e.g. 16)."}
 
 VIDEO_CREATE: dict[str, Any] = {
     "type": "object",
@@ -17,21 +51,23 @@ VIDEO_CREATE: dict[str, Any] = {
     "properties": {
         "prompt": {"type": "string", "minLength": 1},
         "model": {"type": "string"},
-        "seconds": {"type": "string", "pattern": r"^[1-9]\d?$", "description": "Clip length; mapped to the model's native fps and frame count."},
+        "seconds": {"type": "string", "pattern": integer_pattern(MAX_SECONDS),
+                    "description": f"Clip length, 1 to {MAX_SECONDS}; mapped to the model's native fps and "
+                                   "frame count."},
         "size": _SIZE,
         "input_reference": {"type": "string", "format": "binary"},
         "negative_prompt": {"type": "string"},
-        "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 200},
-        "guidance_scale": {"type": "number", "minimum": 0},
-        "guidance_scale_2": {"type": "number", "minimum": 0},
-        "true_cfg_scale": {"type": "number", "minimum": 0},
-        "seed": {"type": "integer", "minimum": 0},
-        "width": {"type": "integer", "minimum": 16},
-        "height": {"type": "integer", "minimum": 16},
-        "num_frames": {"type": "integer", "minimum": 1},
-        "fps": {"type": "integer", "minimum": 1},
+        "num_inference_steps": _integer(MIN_STEPS, MAX_VIDEO_STEPS),
+        "guidance_scale": _number(0, MAX_VIDEO_GUIDANCE),
+        "guidance_scale_2": _number(0, MAX_VIDEO_GUIDANCE),
+        "true_cfg_scale": _number(0, MAX_VIDEO_GUIDANCE),
+        "seed": _integer(0, MAX_SEED),
+        "width": _SIDE,
+        "height": _SIDE,
+        "num_frames": _integer(1, MAX_FRAMES),
+        "fps": _integer(1, MAX_FPS),
         "flow_shift": {"type": "number"},
-        "boundary_ratio": {"type": "number", "minimum": 0, "maximum": 1},
+        "boundary_ratio": _number(0, 1),
         "extra_params": {"type": "object"},
     },
 }
@@ -43,22 +79,23 @@ IMAGE_GENERATE: dict[str, Any] = {
     "properties": {
         "prompt": {"type": "string", "minLength": 1},
         "model": {"type": "string"},
-        "n": {"type": "integer", "minimum": 1, "maximum": 10},
+        "n": _integer(1, MAX_OUTPUTS),
         "size": {"oneOf": [_SIZE, {"type": "string", "enum": ["auto"]}]},
         "response_format": {"type": "string", "enum": ["b64_json", "url"]},
         "output_format": {"type": "string", "enum": ["png", "jpeg", "webp"]},
-        "output_compression": {"type": "integer", "minimum": 0, "maximum": 100},
+        "output_compression": _integer(0, MAX_COMPRESSION),
         "negative_prompt": {"type": "string"},
-        "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 1000},
-        "guidance_scale": {"type": "number", "minimum": 0},
-        "true_cfg_scale": {"type": "number", "minimum": 0},
-        "seed": {"type": "integer", "minimum": 0, "maximum": 4294967295},
+        "num_inference_steps": _integer(MIN_STEPS, MAX_STEPS),
+        "guidance_scale": _number(0),
+        "true_cfg_scale": _number(0),
+        "seed": _integer(0, MAX_SEED),
         "extra_params": {"type": "object"},
     },
 }
 
 
 def body(schema: dict[str, Any], *, multipart: bool = False) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose body is ``schema`` (as JSON, and as a form if ``multipart``)."""
     content = {"application/json": {"schema": schema}}
     if multipart:
         content["multipart/form-data"] = {"schema": schema}

@@ -1,8 +1,9 @@
 """Per-server state of omni-ext's routes: settings, the job store, running tasks, model facts.
 
 Created once per API process when vLLM-Omni initialises its app state (see the ``openai-routes``
-patch), which is also when jobs left queued/running by a previous process are marked failed and the
-expiry sweeper starts.
+patch), which is also when jobs left queued/running by a previous process are marked failed, the
+expiry sweeper starts, and vLLM-Omni's video handler and the request defaults it implies are
+resolved (:class:`VideoBackend`), so that no request pays for them.
 """
 
 from __future__ import annotations
@@ -13,22 +14,31 @@ import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import Request
-
-from omni_ext.api.errors import APIError
+from omni_ext.api import media
+from omni_ext.api.errors import APIError, bad_request, not_found
+from omni_ext.api.forms import ID_RE
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.settings import ApiSettings, load_settings
 from omni_ext.api.validation import ModelLimits, limits_for_model
 
+if TYPE_CHECKING:
+    from fastapi import Request
+
 logger = logging.getLogger("omni_ext.api")
 
-# Native video defaults per pipeline class: what `seconds` and an omitted `size` map to.
-VIDEO_DEFAULTS: dict[str, dict[str, int]] = {
-    "WanPipeline": {"fps": 16, "width": 832, "height": 480, "num_frames": 81},
-    "WanImageToVideoPipeline": {"fps": 16, "width": 832, "height": 480, "num_frames": 81},
-}
+VIDEO_FIELDS = ("width", "height", "num_frames", "fps")
+
+
+@dataclass(frozen=True)
+class VideoBackend:
+    """vLLM-Omni's video handler, and what a video request that names no size or length gets."""
+
+    handler: Any
+    #: ``width``/``height``/``num_frames``/``fps``: the operator's configured defaults (deploy YAML,
+    #: ``--default-sampling-params``; a preset's) over the model family's native shape.
+    defaults: dict[str, int]
 
 
 @dataclass
@@ -41,13 +51,40 @@ class ApiState:
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     job_seconds: float | None = None  # EWMA of finished video jobs' run time, for queue estimates
     sweeper: asyncio.Task | None = None
-
-    @property
-    def media_dir(self) -> Path:
-        return self.settings.media_dir
+    video: VideoBackend | None = None  # resolved at start-up, or on first use if the app was not ready
 
     def media_path(self, name: str) -> Path:
         return self.settings.media_dir / name
+
+    def video_backend(self, app_state: Any) -> VideoBackend:
+        """The resolved :class:`VideoBackend`; 503 (not cached) while the engine or handler is missing."""
+        if self.video is None:
+            self.video = resolve_video_backend(app_state, self.limits)
+        return self.video
+
+    def find_job(self, kind: str, ident: str) -> Job:
+        """The ``kind`` job (``video``/``image``) with id ``ident``: 400 for a malformed id, 404 if unknown."""
+        if not ID_RE.match(ident):
+            raise bad_request(f"Invalid {kind} id.", f"{kind}_id", "invalid_id")
+        job = self.store.get(ident)
+        if job is None or job.kind != kind:
+            raise not_found(kind, ident)
+        return job
+
+    async def read_media(self, job: Job, variant: str, subject: str) -> bytes:
+        """A finished job's stored file, read off the event loop; 404 once expired or removed.
+
+        ``subject`` starts the error message (``"The content of video X"``, ``"Image X"``).
+        """
+        name = job.media.get(variant)
+        param = f"{job.kind}_id"
+        if not name:
+            raise APIError(HTTPStatus.NOT_FOUND, f"{subject} has expired.", param=param, code=f"{job.kind}_expired")
+        try:
+            return await media.off_loop(self.media_path(name).read_bytes)
+        except FileNotFoundError:
+            raise APIError(HTTPStatus.NOT_FOUND, f"{subject} is no longer stored.", param=param,
+                           code=f"{job.kind}_content_missing") from None
 
     def record_duration(self, seconds: float) -> None:
         self.job_seconds = seconds if self.job_seconds is None else 0.7 * self.job_seconds + 0.3 * seconds
@@ -80,6 +117,46 @@ class ApiState:
             await asyncio.sleep(period)
 
 
+# ---- the video backend ----------------------------------------------------------------------
+def native_video_defaults(limits: ModelLimits) -> dict[str, int]:
+    """The model family's native video shape (``seconds`` and an omitted ``size`` map to it); {} if unknown."""
+    family = limits.family
+    if family is None or not family.is_video:
+        return {}
+    native = {name: getattr(family.native, name) for name in VIDEO_FIELDS}
+    return {name: value for name, value in native.items() if value is not None}
+
+
+def configured_defaults(handler: Any) -> dict[str, int]:
+    """Video fields the operator configured as server defaults (deploy YAML / --default-sampling-params).
+
+    Read through vLLM-Omni's private ``_resolve_default_sampling_params`` (the defaults its own route
+    applies), once per server.
+    """
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    try:
+        configured = handler._resolve_default_sampling_params()
+    except Exception:
+        return {}
+    blank = OmniDiffusionSamplingParams()
+    return {k: getattr(configured, k) for k in VIDEO_FIELDS
+            if getattr(configured, k, None) is not None and getattr(configured, k) != getattr(blank, k)}
+
+
+def resolve_video_backend(app_state: Any, limits: ModelLimits) -> VideoBackend:
+    """vLLM-Omni's video handler, given its stage configs, with the defaults it implies (raises 503 if not ready)."""
+    require_engine(app_state)
+    handler = getattr(app_state, "openai_serving_video", None)
+    if handler is None or not hasattr(handler, "_run_and_extract"):
+        raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "Video generation is not available on this server.",
+                       code="video_unavailable")
+    stage_configs = getattr(app_state, "stage_configs", None)
+    if stage_configs and hasattr(handler, "set_stage_configs_if_missing"):
+        handler.set_stage_configs_if_missing(stage_configs)
+    return VideoBackend(handler=handler, defaults={**native_video_defaults(limits), **configured_defaults(handler)})
+
+
 def _served_model(app_state: Any, args: Any) -> tuple[str, str]:
     engine = getattr(app_state, "engine_client", None)
     path = str(getattr(engine, "model", None) or getattr(args, "model", None) or getattr(args, "model_tag", "") or "")
@@ -108,6 +185,10 @@ def init_state(app_state: Any, args: Any) -> ApiState:
     name, path = _served_model(app_state, args)
     state = ApiState(settings=settings, store=store, model_name=name, model_path=path, limits=limits_for_model(path))
     app_state.omni_ext = state
+    try:
+        state.video_backend(app_state)
+    except APIError:
+        pass  # not ready yet (or no video handler): resolved on the first video request
     logger.info("omni-ext API: jobs in %s, media in %s, ttl %ss", settings.db_path, settings.media_dir, settings.ttl_s)
     try:
         state.sweeper = asyncio.get_running_loop().create_task(state._sweep_forever())
@@ -117,6 +198,7 @@ def init_state(app_state: Any, args: Any) -> ApiState:
 
 
 def get_state(request: Request) -> ApiState:
+    """This server's :class:`ApiState` (created here if the app-state hook did not run)."""
     state = getattr(request.app.state, "omni_ext", None)
     if state is None:
         state = init_state(request.app.state, getattr(request.app.state, "args", None))
@@ -124,7 +206,12 @@ def get_state(request: Request) -> ApiState:
 
 
 def engine_client(request: Request) -> Any:
-    engine = getattr(request.app.state, "engine_client", None)
+    """vLLM-Omni's engine client; 503 ``engine_unavailable`` while the server is not ready."""
+    return require_engine(request.app.state)
+
+
+def require_engine(app_state: Any) -> Any:
+    engine = getattr(app_state, "engine_client", None)
     if engine is None:
         raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "The engine is not ready.", code="engine_unavailable")
     return engine

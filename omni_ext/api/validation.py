@@ -7,7 +7,9 @@ images, chat) reaches the engine through ``AsyncOmni.generate``, so one check th
 it raises vLLM-Omni's own ``OmniClientError``, which its routes already turn into a 4xx JSON error.
 
 The limits come from the served model's own config files (VAE downsampling x transformer patch
-size), not from a table of model names, so a new architecture gets sensible checks too.
+size), not from a table of model names, so a new architecture gets sensible checks too; only
+whether it makes video is the model-family table's answer. The fixed bounds (steps, frames,
+pixels, outputs) are :mod:`omni_ext.api.limits`.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-MAX_STEPS = 1000
-MAX_FRAMES = 2049
-MAX_OUTPUTS = 10
-MAX_PIXELS = 7680 * 4320
+from omni_ext.api.limits import MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_STEPS
+from omni_ext.models import families
+from omni_ext.models.families import ModelFamily
+
+GUIDANCE_FIELDS = ("guidance_scale", "true_cfg_scale", "guidance_scale_2")
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class ModelLimits:
     spatial_multiple: int  # height and width must be multiples of this (0: unknown, not checked)
     min_steps: int
     is_video: bool
+
+    @property
+    def family(self) -> ModelFamily | None:
+        """The served pipeline's entry in the model-family table (None: a class omni-ext does not list)."""
+        return families.family_of(self.pipeline)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -69,8 +77,8 @@ def limits_for_model(model: str) -> ModelLimits:
     multiple = factor * _patch(transformer) if factor else 0
     # FlowMatch schedulers stretched to a terminal sigma give sigmas [nan, 0] for a single step.
     min_steps = 2 if scheduler.get("shift_terminal") else 1
-    is_video = any(k in str(pipeline) for k in ("Wan", "Video"))
-    return ModelLimits(pipeline=pipeline, spatial_multiple=multiple, min_steps=min_steps, is_video=is_video)
+    return ModelLimits(pipeline=pipeline, spatial_multiple=multiple, min_steps=min_steps,
+                       is_video=families.is_video(pipeline))
 
 
 class InvalidRequest(ValueError):
@@ -83,8 +91,34 @@ class InvalidRequest(ValueError):
 
 
 def check_sampling_params(params: Any, limits: ModelLimits) -> None:
-    """Raise :class:`InvalidRequest` for the first field of ``params`` outside the model's limits."""
-    steps = getattr(params, "num_inference_steps", None)
+    """:func:`check_request` for a sampling-params object (vLLM-Omni's, at ``AsyncOmni.generate``)."""
+    check_request(
+        limits,
+        width=getattr(params, "width", None),
+        height=getattr(params, "height", None),
+        num_frames=getattr(params, "num_frames", None),
+        steps=getattr(params, "num_inference_steps", None),
+        n=getattr(params, "num_outputs_per_prompt", 1),
+        guidance={name: getattr(params, name, None) for name in GUIDANCE_FIELDS},
+    )
+
+
+def check_request(
+    limits: ModelLimits,
+    *,
+    width: Any = None,
+    height: Any = None,
+    num_frames: Any = None,
+    steps: Any = None,
+    n: Any = 1,
+    guidance: Mapping[str, Any] | None = None,
+) -> None:
+    """Raise :class:`InvalidRequest` for the first value outside the model's limits (None: not set).
+
+    The one rule set behind every route: omni-ext's own routes call it with the fields they parsed
+    (so a bad request is answered before a job exists), the ``validate-diffusion-requests`` patch
+    through :func:`check_sampling_params` for every other route.
+    """
     if steps is not None:
         if not isinstance(steps, int) or steps < limits.min_steps or steps > MAX_STEPS:
             raise InvalidRequest(
@@ -92,8 +126,7 @@ def check_sampling_params(params: Any, limits: ModelLimits) -> None:
                 f"got {steps!r}",
                 "num_inference_steps",
             )
-    for name in ("height", "width"):
-        value = getattr(params, name, None)
+    for name, value in (("height", height), ("width", width)):
         if value is None:
             continue
         if not isinstance(value, int) or value <= 0:
@@ -104,17 +137,14 @@ def check_sampling_params(params: Any, limits: ModelLimits) -> None:
                 f"got {value} (nearest valid: {max(limits.spatial_multiple, value // limits.spatial_multiple * limits.spatial_multiple)})",
                 "size",
             )
-    h, w = getattr(params, "height", None), getattr(params, "width", None)
-    if isinstance(h, int) and isinstance(w, int) and h * w > MAX_PIXELS:
-        raise InvalidRequest(f"size {w}x{h} exceeds the maximum of {MAX_PIXELS} pixels", "size")
-    if limits.is_video:
-        frames = getattr(params, "num_frames", None)
-        if frames is not None and (not isinstance(frames, int) or frames < 1 or frames > MAX_FRAMES):
-            raise InvalidRequest(f"num_frames must be an integer from 1 to {MAX_FRAMES}, got {frames!r}", "num_frames")
-    n = getattr(params, "num_outputs_per_prompt", 1)
+    if isinstance(height, int) and isinstance(width, int) and height * width > MAX_PIXELS:
+        raise InvalidRequest(f"size {width}x{height} exceeds the maximum of {MAX_PIXELS} pixels", "size")
+    if limits.is_video and num_frames is not None:
+        if not isinstance(num_frames, int) or num_frames < 1 or num_frames > MAX_FRAMES:
+            raise InvalidRequest(f"num_frames must be an integer from 1 to {MAX_FRAMES}, got {num_frames!r}",
+                                 "num_frames")
     if n is not None and (not isinstance(n, int) or not 1 <= n <= MAX_OUTPUTS):
         raise InvalidRequest(f"n must be an integer from 1 to {MAX_OUTPUTS}, got {n!r}", "n")
-    for name in ("guidance_scale", "true_cfg_scale", "guidance_scale_2"):
-        value = getattr(params, name, None)
+    for name, value in (guidance or {}).items():
         if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
             raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}", name)

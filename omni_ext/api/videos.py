@@ -10,62 +10,45 @@ and MP4/thumbnail encoding off the event loop.
 from __future__ import annotations
 
 import asyncio
+import base64
+import functools
 import io
 import json
 import logging
-import re
+import os
 import time
 import uuid
 from http import HTTPStatus
-from types import SimpleNamespace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from omni_ext.api import media, schemas
-from omni_ext.api.errors import APIError, from_pydantic, not_found
-from omni_ext.api.forms import Body, parse_body
+from omni_ext.api.errors import APIError, bad_request, from_pydantic, generation_error
+from omni_ext.api.forms import (
+    ID_RE, Body, bounded_int, check_known, check_model, check_prompt, parse_body, parse_size,
+)
 from omni_ext.api.jobs import Job
+from omni_ext.api.limits import MAX_FPS, MAX_PAGE, MAX_SECONDS, MAX_SEED
+from omni_ext.api.state import ApiState, VideoBackend, engine_client, get_state, now
+from omni_ext.api.validation import GUIDANCE_FIELDS, InvalidRequest, check_request
 from omni_ext.progress import clear_progress, read_progress
-from omni_ext.api.state import VIDEO_DEFAULTS, ApiState, engine_client, get_state, now
-from omni_ext.api.validation import InvalidRequest, check_sampling_params
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
 
-ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 POLL_MIN_MS, POLL_MAX_MS = 100, 5000
+FALLBACK_FPS = 16  # ``seconds`` on a model whose native fps omni-ext does not know
 _OWN_FIELDS = {"seconds", "size", "input_reference"}
 
 
 # ---- request building -------------------------------------------------------------------------
-def _video_request_fields() -> set[str]:
+@functools.cache
+def _video_request_fields() -> frozenset[str]:
     from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
 
-    return set(VideoGenerationRequest.model_fields)
-
-
-def _positive_int(value: Any, name: str, upper: int) -> int:
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        number = float("nan")
-    if number != number or not number.is_integer():  # NaN, inf or fractional
-        raise APIError(HTTPStatus.BAD_REQUEST, f"'{name}' must be a positive integer, got {value!r}.", param=name,
-                       code="invalid_value")
-    if not 1 <= number <= upper:
-        raise APIError(HTTPStatus.BAD_REQUEST, f"'{name}' must be between 1 and {upper}, got {value!r}.", param=name,
-                       code="invalid_value")
-    return int(number)
-
-
-def _size(value: Any) -> tuple[int, int]:
-    m = re.fullmatch(r"\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*", str(value))
-    if not m:
-        raise APIError(HTTPStatus.BAD_REQUEST, f"'size' must look like WIDTHxHEIGHT (e.g. 832x480), got {value!r}.",
-                       param="size", code="invalid_value")
-    return int(m.group(1)), int(m.group(2))
+    return frozenset(VideoGenerationRequest.model_fields)
 
 
 def _reference_image(body: Body, state: ApiState) -> Any:
@@ -78,18 +61,14 @@ def _reference_image(body: Body, state: ApiState) -> Any:
         if isinstance(ref, dict) and isinstance(ref.get("image_url"), str):
             url = ref["image_url"]
             if not url.startswith("data:") or ";base64," not in url:
-                raise APIError(HTTPStatus.BAD_REQUEST, "input_reference.image_url must be a base64 data URL here "
-                               "(this server does not fetch remote URLs).", param="input_reference", code="invalid_value")
-            import base64
-
+                raise bad_request("input_reference.image_url must be a base64 data URL here "
+                                  "(this server does not fetch remote URLs).", "input_reference")
             try:
                 raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
             except ValueError:
-                raise APIError(HTTPStatus.BAD_REQUEST, "input_reference.image_url is not valid base64.",
-                               param="input_reference", code="invalid_value") from None
+                raise bad_request("input_reference.image_url is not valid base64.", "input_reference") from None
         elif ref is not None:
-            raise APIError(HTTPStatus.BAD_REQUEST, "input_reference must be an image file or {\"image_url\": ...}.",
-                           param="input_reference", code="invalid_value")
+            raise bad_request("input_reference must be an image file or {\"image_url\": ...}.", "input_reference")
     if raw is None:
         return None
     from PIL import Image, UnidentifiedImageError
@@ -98,77 +77,56 @@ def _reference_image(body: Body, state: ApiState) -> Any:
         img = Image.open(io.BytesIO(raw))
         img.load()
     except (UnidentifiedImageError, OSError):
-        raise APIError(HTTPStatus.BAD_REQUEST, "input_reference is not a readable image.", param="input_reference",
-                       code="invalid_image") from None
-    if state.limits.pipeline in ("WanPipeline", "QwenImagePipeline"):
-        raise APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline}) generates from text only "
-                       "and cannot use input_reference.", param="input_reference", code="unsupported_parameter")
+        raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
+    family = state.limits.family
+    if family is not None and not family.accepts_reference:  # a family omni-ext does not know: let it try
+        raise bad_request(f"The served model ({state.limits.pipeline}) generates from text only and cannot use "
+                          "input_reference.", "input_reference", "unsupported_parameter")
     return img.convert("RGB")
 
 
-def configured_defaults(handler: Any) -> dict[str, Any]:
-    """Video fields the operator configured as server defaults (deploy YAML / --default-sampling-params).
+def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -> tuple[Any, Any, dict[str, Any]]:
+    """(vLLM-Omni VideoGenerationRequest, reference image or None, facts for the job record).
 
-    They win over the model's native defaults below, so a preset's size and frame count apply to
-    requests that do not name their own.
+    ``defaults`` (:attr:`VideoBackend.defaults`) fill what the request leaves out: ``size`` -> width and
+    height, ``seconds`` -> frames at their fps. Every field is checked here, once, so that a bad request
+    is answered 400 before a job exists: omni-ext's own bounds (:mod:`omni_ext.api.limits`), then
+    vLLM-Omni's pydantic model, then the served model's limits.
     """
-    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
-
-    try:
-        configured = handler._resolve_default_sampling_params()
-    except Exception:
-        return {}
-    blank = OmniDiffusionSamplingParams()
-    return {k: getattr(configured, k) for k in ("width", "height", "num_frames", "fps")
-            if getattr(configured, k, None) is not None and getattr(configured, k) != getattr(blank, k)}
-
-
-def build_video_request(body: Body, state: ApiState, configured: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any]]:
-    """(vLLM-Omni VideoGenerationRequest, reference image or None, facts for the job record)."""
     from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
 
     if not state.limits.is_video:
-        raise APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline or 'unknown'}) does not "
-                       "generate video; use /v1/images/generations.", code="unsupported_model")
+        raise bad_request(f"The served model ({state.limits.pipeline or 'unknown'}) does not generate video; use "
+                          "/v1/images/generations.", None, "unsupported_model")
     fields = dict(body.fields)
-    allowed = _video_request_fields() | _OWN_FIELDS
-    unknown = sorted(set(fields) - allowed)
-    if unknown:
-        raise APIError(HTTPStatus.BAD_REQUEST, f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0],
-                       code="unknown_parameter")
+    check_known(fields, _video_request_fields() | _OWN_FIELDS)
     unknown_files = sorted(set(body.files) - {"input_reference"})
     if unknown_files:
-        raise APIError(HTTPStatus.BAD_REQUEST, f"Unexpected file field: {unknown_files[0]}", param=unknown_files[0],
-                       code="unknown_parameter")
-    prompt = fields.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise APIError(HTTPStatus.BAD_REQUEST, "'prompt' is required and must be a non-empty string.", param="prompt",
-                       code="missing_required_parameter")
-    model = fields.get("model")
-    if not isinstance(model, (str, type(None))):
-        raise APIError(HTTPStatus.BAD_REQUEST, "'model' must be a string.", param="model", code="invalid_value")
-    if model not in (None, "", state.model_name, state.model_path):
-        raise APIError(HTTPStatus.NOT_FOUND, f"The model '{model}' does not exist on this server (serving "
-                       f"'{state.model_name}').", param="model", code="model_not_found")
+        raise bad_request(f"Unexpected file field: {unknown_files[0]}", unknown_files[0], "unknown_parameter")
+    check_prompt(fields)
+    check_model(fields, state.model_name, state.model_path)
     fields.pop("model", None)
-    # The operator's configured defaults (a preset's size/frames/fps) win over the model's native ones.
-    native = {**VIDEO_DEFAULTS.get(state.limits.pipeline or "", {}), **(configured or {})}
     if "size" in fields:
-        fields["width"], fields["height"] = _size(fields.pop("size"))
-    elif "width" in native and "height" in native and "width" not in fields and "height" not in fields:
-        fields["width"], fields["height"] = native["width"], native["height"]
+        fields["width"], fields["height"] = parse_size(fields.pop("size"))
+    elif "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
+        fields["width"], fields["height"] = defaults["width"], defaults["height"]
     seconds = fields.pop("seconds", None)
     if seconds is not None:
-        secs = _positive_int(seconds, "seconds", 60)
-        fps = _positive_int(fields.get("fps") or native.get("fps", 16), "fps", 240)
-        fields.setdefault("fps", fps)
-        if "num_frames" not in fields:
-            frames = secs * fps
-            fields["num_frames"] = frames // 4 * 4 + 1 if state.limits.is_video else frames
+        seconds = bounded_int(seconds, "seconds", 1, MAX_SECONDS)
+    for name, lo, hi in (("fps", 1, MAX_FPS), ("seed", 0, MAX_SEED)):
+        if fields.get(name) is not None:
+            fields[name] = bounded_int(fields[name], name, lo, hi)
+    if seconds is not None:
+        if fields.get("fps") is None:
+            fields["fps"] = defaults.get("fps", FALLBACK_FPS)
+        fps = fields["fps"]
+        family = state.limits.family
+        temporal = family.latent_temporal if family is not None else 4
+        fields.setdefault("num_frames", seconds * fps // temporal * temporal + 1)  # the VAE's 4k+1 frames
     else:
         for key in ("fps", "num_frames"):
-            if key in native:
-                fields.setdefault(key, native[key])
+            if key in defaults:
+                fields.setdefault(key, defaults[key])
     ref_image = _reference_image(body, state)
     fields.pop("input_reference", None)
     try:
@@ -177,49 +135,20 @@ def build_video_request(body: Body, state: ApiState, configured: dict[str, Any] 
         raise from_pydantic(exc) from None
     vp = vreq.resolve_video_params()
     try:
-        check_sampling_params(
-            SimpleNamespace(height=vp.height, width=vp.width, num_frames=vp.num_frames,
-                            num_inference_steps=vreq.num_inference_steps, guidance_scale=vreq.guidance_scale,
-                            true_cfg_scale=vreq.true_cfg_scale, guidance_scale_2=getattr(vreq, "guidance_scale_2", None),
-                            num_outputs_per_prompt=vreq.num_outputs_per_prompt or 1),
-            state.limits,
-        )
+        check_request(state.limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
+                      steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt,
+                      guidance={name: getattr(vreq, name, None) for name in GUIDANCE_FIELDS})
     except InvalidRequest as exc:
-        raise APIError(HTTPStatus.BAD_REQUEST, exc.message, param=exc.param, code="invalid_value") from None
-    fps = vp.fps or native.get("fps") or 16
+        raise bad_request(exc.message, exc.param) from None
     facts = {
-        "width": vp.width, "height": vp.height, "num_frames": vp.num_frames, "fps": fps,
+        "width": vp.width, "height": vp.height, "num_frames": vp.num_frames, "fps": vp.fps,
         "steps": vreq.num_inference_steps,
-        "seconds": str(seconds) if seconds is not None else str(max(1, round((vp.num_frames or 1) / fps))),
+        "seconds": str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
     }
     return vreq, ref_image, facts
 
 
 # ---- generation -------------------------------------------------------------------------------
-def _handler(request: Request) -> Any:
-    handler = getattr(request.app.state, "openai_serving_video", None)
-    if handler is None or not hasattr(handler, "_run_and_extract"):
-        raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "Video generation is not available on this server.",
-                       code="video_unavailable")
-    stage_configs = getattr(request.app.state, "stage_configs", None)
-    if stage_configs and hasattr(handler, "set_stage_configs_if_missing"):
-        handler.set_stage_configs_if_missing(stage_configs)
-    return handler
-
-
-def _client_error(exc: BaseException) -> APIError | None:
-    from fastapi import HTTPException
-    from vllm_omni.errors import OmniClientError
-
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, OmniClientError):
-        return APIError(exc.status_code, exc.message, code="invalid_value")
-    if isinstance(exc, HTTPException) and 400 <= exc.status_code < 500:
-        return APIError(exc.status_code, str(exc.detail), code="invalid_value")
-    return None
-
-
 async def generate_mp4(handler: Any, vreq: Any, request_id: str, ref_image: Any, on_started=None) -> tuple[bytes, Any]:
     """Run vLLM-Omni's generation, then encode the MP4 off the event loop exactly as vLLM-Omni does."""
     from vllm_omni.entrypoints.openai.serving_video import ReferenceImage
@@ -279,13 +208,9 @@ async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # the job fails cleanly; the server keeps serving
-        client = _client_error(exc)
+        error = generation_error(exc, "Video generation", job.id)
         job.status, job.completed_at = "failed", now()
-        if client is not None:
-            job.error_code, job.error_message = client.code or "invalid_request", client.message
-        else:
-            logger.exception("omni-ext video %s failed", job.id)
-            job.error_code, job.error_message = "generation_failed", f"Video generation failed: {exc}"
+        job.error_code, job.error_message = error.code or "invalid_request", error.message
         state.store.save(job)
     finally:
         clear_progress(job.id)
@@ -345,29 +270,19 @@ def _video_response(state: ApiState, job: Job) -> JSONResponse:
     return JSONResponse(video_object(job), headers=headers)
 
 
-def _job_or_404(state: ApiState, video_id: str) -> Job:
-    if not ID_RE.match(video_id):
-        raise APIError(HTTPStatus.BAD_REQUEST, "Invalid video id.", param="video_id", code="invalid_id")
-    job = state.store.get(video_id)
-    if job is None or job.kind != "video":
-        raise not_found("video", video_id)
-    return job
-
-
-async def _parse_create(request: Request) -> tuple[ApiState, Any, Any, Any, dict[str, Any]]:
-    """What both create routes start with: (state, vLLM-Omni handler, request, reference image, facts)."""
+async def _parse_create(request: Request) -> tuple[ApiState, VideoBackend, Any, Any, dict[str, Any]]:
+    """What both create routes start with: (state, video backend, vLLM-Omni request, reference image, facts)."""
     state = get_state(request)
-    engine_client(request)
+    backend = state.video_backend(request.app.state)  # 503 until the engine is ready
     body = await parse_body(request, state.settings.max_upload_bytes)
-    handler = _handler(request)
-    vreq, ref_image, facts = build_video_request(body, state, configured_defaults(handler))
-    return state, handler, vreq, ref_image, facts
+    vreq, ref_image, facts = build_video_request(body, state, backend.defaults)
+    return state, backend, vreq, ref_image, facts
 
 
 # ---- routes -----------------------------------------------------------------------------------
 @router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video(request: Request) -> JSONResponse:
-    state, handler, vreq, ref_image, facts = await _parse_create(request)
+    state, backend, vreq, ref_image, facts = await _parse_create(request)
     if state.store.count_active("video") >= state.settings.max_queued:
         raise APIError(HTTPStatus.TOO_MANY_REQUESTS, f"Too many queued videos (limit {state.settings.max_queued}); "
                        "retry later.", code="queue_full", headers={"retry-after": "5"})
@@ -377,31 +292,25 @@ async def create_video(request: Request) -> JSONResponse:
         meta={"num_frames": facts["num_frames"], "fps": facts["fps"]},
     )
     state.store.add(job)
-    state.tasks[job.id] = asyncio.create_task(_run_job(state, handler, job, vreq, ref_image))
+    state.tasks[job.id] = asyncio.create_task(_run_job(state, backend.handler, job, vreq, ref_image))
     logger.info("omni-ext video %s queued (%s, %s frames, %s steps)", job.id, job.size, facts["num_frames"], facts["steps"])
     return _video_response(state, job)
 
 
 @router.post("/v1/videos/sync", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video_sync(request: Request) -> Response:
-    import os
-
-    state, handler, vreq, ref_image, _facts = await _parse_create(request)
+    state, backend, vreq, ref_image, _facts = await _parse_create(request)
     request_id = f"video_sync-{uuid.uuid4().hex}"
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))
     started = time.perf_counter()
     try:
-        mp4, artifacts = await asyncio.wait_for(generate_mp4(handler, vreq, request_id, ref_image), timeout=timeout)
+        mp4, artifacts = await asyncio.wait_for(generate_mp4(backend.handler, vreq, request_id, ref_image),
+                                                timeout=timeout)
     except asyncio.TimeoutError:
         raise APIError(HTTPStatus.GATEWAY_TIMEOUT, f"Video generation timed out after {timeout:.0f} s.",
                        code="timeout") from None
     except Exception as exc:
-        client = _client_error(exc)
-        if client is not None:
-            raise client from None
-        logger.exception("omni-ext sync video %s failed", request_id)
-        raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"Video generation failed: {exc}",
-                       code="generation_failed") from None
+        raise generation_error(exc, "Video generation", request_id) from None
     finally:
         clear_progress(request_id)
     return Response(mp4, media_type="video/mp4", headers={
@@ -416,22 +325,15 @@ async def create_video_sync(request: Request) -> Response:
 @router.get("/v1/videos")
 async def list_videos(request: Request, after: str | None = None, limit: str = "20", order: str = "desc") -> JSONResponse:
     state = get_state(request)
-    try:
-        lim = int(limit)
-    except ValueError:
-        lim = -1
-    if not 1 <= lim <= 100:
-        raise APIError(HTTPStatus.BAD_REQUEST, "'limit' must be an integer from 1 to 100.", param="limit",
-                       code="invalid_value")
+    lim = bounded_int(limit, "limit", 1, MAX_PAGE)
     if order not in ("asc", "desc"):
-        raise APIError(HTTPStatus.BAD_REQUEST, "'order' must be 'asc' or 'desc'.", param="order", code="invalid_value")
+        raise bad_request("'order' must be 'asc' or 'desc'.", "order")
     if after is not None and not ID_RE.match(after):
-        raise APIError(HTTPStatus.BAD_REQUEST, "Invalid 'after' id.", param="after", code="invalid_id")
+        raise bad_request("Invalid 'after' id.", "after", "invalid_id")
     try:
         jobs, has_more = state.store.list("video", after=after, limit=lim, order=order)
     except KeyError:
-        raise APIError(HTTPStatus.BAD_REQUEST, f"No video with id '{after}' to page after.", param="after",
-                       code="invalid_value") from None
+        raise bad_request(f"No video with id '{after}' to page after.", "after") from None
     for job in jobs:
         _live_progress(state, job)
     data = [video_object(j) for j in jobs]
@@ -442,38 +344,28 @@ async def list_videos(request: Request, after: str | None = None, limit: str = "
 @router.get("/v1/videos/{video_id}")
 async def retrieve_video(request: Request, video_id: str) -> JSONResponse:
     state = get_state(request)
-    return _video_response(state, _job_or_404(state, video_id))
+    return _video_response(state, state.find_job("video", video_id))
 
 
 @router.get("/v1/videos/{video_id}/content")
 async def video_content(request: Request, video_id: str, variant: str = "video") -> Response:
     state = get_state(request)
-    job = _job_or_404(state, video_id)
+    job = state.find_job("video", video_id)
     if variant not in ("video", "thumbnail", "spritesheet"):
-        raise APIError(HTTPStatus.BAD_REQUEST, "'variant' must be 'video' or 'thumbnail'.", param="variant",
-                       code="invalid_value")
+        raise bad_request("'variant' must be 'video', 'thumbnail' or 'spritesheet'.", "variant")
     if variant == "spritesheet":
-        raise APIError(HTTPStatus.BAD_REQUEST, "The spritesheet variant is not produced by this server.",
-                       param="variant", code="unsupported_variant")
+        raise bad_request("The spritesheet variant is not produced by this server.", "variant", "unsupported_variant")
     if job.status != "completed":
         raise APIError(HTTPStatus.CONFLICT, f"Video {video_id} is {job.status}; content is available once it is "
                        "completed.", param="video_id", code="video_not_ready" if job.active else "video_failed")
-    name = job.media.get(variant)
-    if not name:
-        raise APIError(HTTPStatus.NOT_FOUND, f"The content of video {video_id} has expired.", param="video_id",
-                       code="video_expired")
-    try:
-        data = await media.off_loop(state.media_path(name).read_bytes)
-    except FileNotFoundError:
-        raise APIError(HTTPStatus.NOT_FOUND, f"The content of video {video_id} is no longer stored.",
-                       param="video_id", code="video_content_missing") from None
+    data = await state.read_media(job, variant, f"The content of video {video_id}")
     return Response(data, media_type="video/mp4" if variant == "video" else "image/webp")
 
 
 @router.delete("/v1/videos/{video_id}")
 async def delete_video(request: Request, video_id: str) -> JSONResponse:
     state = get_state(request)
-    job = _job_or_404(state, video_id)
+    job = state.find_job("video", video_id)
     task = state.tasks.get(video_id)
     if job.active:
         try:

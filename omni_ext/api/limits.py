@@ -1,0 +1,36 @@
+"""Every numeric bound on a request field of omni-ext's routes, declared once.
+
+The validator (:mod:`omni_ext.api.validation`), the field parsers (:mod:`omni_ext.api.forms`), the
+routes and the OpenAPI schemas (:mod:`omni_ext.api.schemas`) all read these names, so what the
+schema documents is what the server enforces (``tests/test_api_units.py`` checks both against each
+other). Bounds that depend on the served model (the spatial multiple, a scheduler's minimum step
+count) come from :func:`omni_ext.api.validation.limits_for_model` instead.
+
+Pure constants: importable without FastAPI or vLLM-Omni.
+"""
+
+from __future__ import annotations
+
+#: Denoise steps on every route that omni-ext validates (the model may need more than one: see
+#: ``ModelLimits.min_steps``).
+MIN_STEPS = 1
+MAX_STEPS = 1000
+#: ``/v1/videos`` builds vLLM-Omni 0.30's ``VideoGenerationRequest``, whose own bounds are stricter
+#: than ours (``num_inference_steps <= 200``; every guidance scale ``<= 20``); these mirror them so
+#: that the schema tells the truth. A unit test reads them back from vLLM-Omni's model.
+MAX_VIDEO_STEPS = 200
+MAX_VIDEO_GUIDANCE = 20.0
+
+MAX_FRAMES = 2049
+MAX_OUTPUTS = 10  # images per request (``n``)
+MAX_PIXELS = 7680 * 4320  # width x height
+SIZE_DIGITS = 5  # at most this many digits per side in ``size=WIDTHxHEIGHT``
+
+#: OpenAI's ``seconds`` (a string), mapped to frames at the model's fps.
+MAX_SECONDS = 60
+MAX_FPS = 240
+#: Seeds every generator accepts (NumPy's legacy seeding stops at 2**32 - 1); random seeds are drawn
+#: from the same range.
+MAX_SEED = 2**32 - 1
+MAX_COMPRESSION = 100  # ``output_compression`` of jpeg/webp images, OpenAI's 0-100
+MAX_PAGE = 100  # ``limit`` of ``GET /v1/videos``
