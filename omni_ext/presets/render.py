@@ -6,9 +6,10 @@ their presets are a YAML (replicas, devices, parallel sizes, per-stage env, defa
 params). Qwen-Image takes the generic fallback, which ignores YAML content and drops
 ``num_replicas``/``env`` from ``--stage-overrides``; single-replica Qwen-Image presets therefore use
 CLI flags only, and multi-replica ones name omni-ext's registered topology (``pipeline:
-omni_ext_qwen_image``, see :mod:`omni_ext.presets.pipelines`). Nothing here invents a flag:
-everything goes through vLLM-Omni's own channels, and :mod:`omni_ext.presets.validate` parses the
-result with vLLM-Omni's own parser and config loader.
+omni_ext_qwen_image``, see :mod:`omni_ext.presets.pipelines`). Which pipeline class takes which
+channel is the family table's ``topology`` (:mod:`omni_ext.models.families`), not a list kept here.
+Nothing here invents a flag: everything goes through vLLM-Omni's own channels, and
+:mod:`omni_ext.presets.installed` parses the result with vLLM-Omni's own parser and config loader.
 """
 
 from __future__ import annotations
@@ -20,18 +21,17 @@ from typing import Any
 
 import yaml
 
+from omni_ext.models.families import FAMILIES, family_of
 from omni_ext.presets.catalog import Preset, PresetError
 from omni_ext.presets.costs import CostTable, load_cost_table
-from omni_ext.presets.pipelines import QWEN_IMAGE_PIPELINE_KEY
+from omni_ext.presets.pipelines import OMNI_EXT_PIPELINES
 
 FORMATS = ("cmd", "yaml", "env", "script")
 
-#: Pipelines that vLLM-Omni 0.30 registers by diffusers class name (so a deploy YAML is honoured).
-#: validate.OmniValidator checks this against the installed package.
-REGISTERED_PIPELINE_CLASSES = frozenset({"WanPipeline"})
-
-#: Pipelines omni-ext registers under its own key (selected by ``pipeline:`` in the deploy YAML).
-OMNI_EXT_PIPELINES = {"QwenImagePipeline": QWEN_IMAGE_PIPELINE_KEY}
+#: Pipelines whose family vLLM-Omni 0.30 registers a topology for (so a deploy YAML is honoured):
+#: the family table's ``topology == "registered"``. :mod:`omni_ext.presets.installed` checks the
+#: table against the installed registry.
+REGISTERED_PIPELINE_CLASSES = frozenset(p for f in FAMILIES if f.topology == "registered" for p in f.pipelines)
 
 #: Preset ``engine`` keys: deploy-YAML stage keys of vLLM-Omni 0.30 and their ``vllm-omni serve`` flags.
 ENGINE_FLAGS: dict[str, str] = {
@@ -351,20 +351,21 @@ def _pair(tokens: list[str]) -> list[str]:
 def request_hint(preset: Preset, costs: CostTable | None = None) -> list[str]:
     """How to call the server with the preset's request defaults (never ``seconds`` for video)."""
     costs = costs or load_cost_table()
-    spec = costs.model(preset.model)
+    family = family_of(costs.model(preset.model).pipeline_class)
     req = preset.request_defaults
     fields = [f"{k}={v}" for k, v in req.items()]
-    if spec.kind == "video":
+    if family is not None and family.is_video:
+        native = family.native
         lines = [f"Request: POST /v1/videos (multipart) prompt=... {' '.join(fields)}",
                  "Send these fields with every request: a front end may fill missing ones with the model's native "
-                 "832x480x81 defaults instead of this server's.",
+                 f"{native.width}x{native.height}x{native.num_frames} defaults instead of this server's.",
                  "Send num_frames and fps, not seconds: stock vLLM-Omni turns seconds into seconds x 24 frames."]
     else:
         lines = [f"Request: POST /v1/images/generations (JSON) prompt=... {' '.join(fields)}",
                  "Send these fields with every request: vLLM-Omni 0.30's /v1/images/generations ignores server "
                  "default sampling params."]
-        if preset.topology.cfg > 1:
-            lines.append("CFG parallel only works when every request carries negative_prompt (Qwen-Image runs no CFG without one).")
+    if preset.topology.cfg > 1 and family is not None and family.cfg_rule == "qwen-image":
+        lines.append("CFG parallel only works when every request carries negative_prompt (Qwen-Image runs no CFG without one).")
     return lines
 
 

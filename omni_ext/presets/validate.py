@@ -1,28 +1,25 @@
-"""Check presets: static rules (no vLLM needed) and the real vLLM-Omni parser and config loader.
+"""Check presets with static rules: no vLLM needed, instant.
 
-Why two layers: the static rules catch the launch mistakes users actually make (CFG 3, more ranks
-than devices, ``--data-parallel-size`` under ``--omni``, TP for a DiT on NPU, a 14B video that
-outruns the 600 s forward timeout, ``seconds`` for Wan) instantly and without vLLM installed, so
+Why: the static rules catch the launch mistakes users actually make (CFG 3, more ranks than
+devices, ``--data-parallel-size`` under ``--omni``, TP for a DiT on NPU, a 14B video that outruns
+the 600 s forward timeout, ``seconds`` for Wan) instantly and without vLLM installed, so
 ``omni-ext serve --preset`` can refuse a broken launch before spending minutes on start-up. The
-:class:`OmniValidator` then proves that the installed vLLM-Omni accepts the rendered command and
-deploy YAML, and that the configuration it resolves is the topology the preset promises.
+second layer, :mod:`omni_ext.presets.installed` (``omni-ext presets validate``), proves that the
+installed vLLM-Omni accepts the rendered command and resolves the topology the preset promises.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
-import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omni_ext.presets.catalog import DEVICE_FAMILIES, PRESET_OBJECTIVES, Preset, PresetError
-from omni_ext.presets.costs import CostTable, load_cost_table
-from omni_ext.presets.render import ENGINE_FLAGS, Rendered, default_sampling_params, parse_size
+from omni_ext.presets.costs import CostTable, DeviceSpec, load_cost_table
+from omni_ext.presets.render import ENGINE_FLAGS, parse_size
+
+if TYPE_CHECKING:
+    from omni_ext.presets.planner import Estimate
 
 REQUEST_KEYS = frozenset({
     "size", "num_frames", "fps", "num_inference_steps", "guidance_scale", "guidance_scale_2", "true_cfg_scale",
@@ -70,9 +67,20 @@ def requests_use_cfg(preset: Preset, costs: CostTable) -> bool:
     """Whether this preset's requests run CFG (Qwen-Image: only with a negative prompt)."""
     spec = costs.model(preset.model)
     req = preset.request_defaults
-    if spec.pipeline_class == "QwenImagePipeline":
-        return "negative_prompt" in req and float(req.get("true_cfg_scale", 4.0)) > 1.0
+    if spec.cfg_rule == "qwen-image" and spec.family is not None:
+        return "negative_prompt" in req and float(req.get("true_cfg_scale", spec.family.default_guidance)) > 1.0
     return float(req.get("guidance_scale", spec.reference.get("guidance_scale", 1.0))) > 1.0
+
+
+def preset_estimate(preset: Preset, costs: CostTable | None = None) -> tuple[DeviceSpec, Estimate]:
+    """The planner's estimate for ``preset`` on its family's reference device, with its own request."""
+    from omni_ext.presets.planner import estimate
+
+    costs = costs or load_cost_table()
+    device = costs.reference_device(preset.device)
+    est = estimate(costs.model(preset.model), device, preset.topology, requests_use_cfg=requests_use_cfg(preset, costs),
+                   request=planner_request(preset), costs=costs)
+    return device, est
 
 
 def check_qualname(qualname: str, base: str) -> str | None:
@@ -133,7 +141,7 @@ def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
         err(f"vae_patch {topo.vae_patch} is larger than the {topo.ranks_per_replica} ranks of one replica")
     use_cfg = requests_use_cfg(preset, costs)
     if topo.cfg == 2 and not use_cfg:
-        if spec.pipeline_class == "QwenImagePipeline":
+        if spec.cfg_rule == "qwen-image":
             err("cfg 2 but the requests run no CFG: Qwen-Image only runs CFG when the request carries negative_prompt; "
                 "add request_defaults.negative_prompt (and send it) or use cfg 1")
         else:
@@ -188,14 +196,14 @@ def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
                 err(f"size {req['size']} must be a multiple of 16 in both dimensions")
         except PresetError as exc:
             err(str(exc))
-    if spec.kind == "video" and "num_frames" in req and (int(req["num_frames"]) - 1) % 4:
-        err(f"num_frames {req['num_frames']} must be 4k+1 for Wan (e.g. 81); vLLM-Omni would snap it")
+    family = spec.family
+    if family is not None and family.is_video and "num_frames" in req and (int(req["num_frames"]) - 1) % family.latent_temporal:
+        err(f"num_frames {req['num_frames']} must be {family.latent_temporal}k+1 for {spec.label} "
+            f"(e.g. {family.native.num_frames}); vLLM-Omni would snap it")
 
     # forward timeout
     if not issues or all(i.level == "warning" for i in issues):
-        from omni_ext.presets.planner import estimate
-
-        est = estimate(spec, device, topo, requests_use_cfg=use_cfg, request=planner_request(preset), costs=costs)
+        _, est = preset_estimate(preset, costs)
         for var, value in costs.timeout_env(est.latency_s).items():
             have = preset.env.get(var)
             if have is None or float(have) < float(value):
@@ -224,167 +232,3 @@ def require_valid(preset: Preset, costs: CostTable | None = None) -> list[Issue]
     if errors:
         raise PresetError(f"preset {preset.name} is invalid:\n" + "\n".join(f"  - {e.message}" for e in errors))
     return issues
-
-
-# ----------------------------------------------------------------------------------------------
-# against the installed vLLM-Omni
-
-
-class OmniValidator:
-    """Parses rendered launches with ``vllm-omni serve``'s own parser and resolves them with its config loader.
-
-    Building the parser imports vLLM (slow, ~15 s): make one validator per test module. Building it
-    also runs the ``vllm.general_plugins`` entry points exactly as ``vllm-omni serve`` does, so
-    :attr:`hook_registered` tells whether omni-ext's plugin hook registers the preset pipelines.
-    """
-
-    def __init__(self) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from vllm_omni.entrypoints.cli.serve import OmniServeCommand
-        from vllm_omni.utils.tracking_parser import TrackingArgumentParser
-
-        from omni_ext.presets import pipelines
-
-        self.parser = TrackingArgumentParser(prog="vllm-omni")
-        subparsers = self.parser.add_subparsers(dest="subparser")
-        self.command = OmniServeCommand()
-        self.command.subparser_init(subparsers).set_defaults(dispatch_function=self.command.cmd)
-        self.hook_registered = pipelines.is_registered()
-        # Do what the plugin hook does so the config check below does not depend on that wiring.
-        pipelines.register_preset_pipelines()
-        self._tmp = tempfile.TemporaryDirectory(prefix="omni-ext-validate-")
-        self._stubs: dict[str, str] = {}
-
-    def close(self) -> None:
-        self._tmp.cleanup()
-
-    def registry_problems(self) -> list[str]:
-        """Where render.REGISTERED_PIPELINE_CLASSES disagrees with the installed pipeline registry."""
-        from vllm_omni.config.pipeline_registry import OMNI_PIPELINES
-        from vllm_omni.config.stage_config import PipelineConfig
-
-        from omni_ext.presets.render import OMNI_EXT_PIPELINES, REGISTERED_PIPELINE_CLASSES
-
-        by_class: set[str] = set()
-        for entry in OMNI_PIPELINES.values():
-            if isinstance(entry, PipelineConfig) and entry.diffusers_class_name:
-                by_class.add(entry.diffusers_class_name)
-                by_class.update(entry.diffusers_class_aliases)
-        problems = [f"{c} is no longer registered by diffusers class: its deploy YAML would be ignored"
-                    for c in sorted(REGISTERED_PIPELINE_CLASSES - by_class)]
-        problems += [f"{c} is now registered upstream: its presets could use a plain deploy YAML"
-                     for c in sorted(set(OMNI_EXT_PIPELINES) & by_class)]
-        return problems
-
-    def stub_model(self, pipeline_class: str) -> str:
-        """A folder with only ``model_index.json``: enough for vLLM-Omni to detect and route the model."""
-        if pipeline_class not in self._stubs:
-            folder = Path(self._tmp.name) / f"stub-{pipeline_class}"
-            folder.mkdir()
-            (folder / "model_index.json").write_text(json.dumps({"_class_name": pipeline_class, "_diffusers_version": "0.40.0"}))
-            self._stubs[pipeline_class] = str(folder)
-        return self._stubs[pipeline_class]
-
-    def parse(self, argv: list[str]) -> Any:
-        """``argv`` after the executable (``serve MODEL --omni ...``); parser errors become PresetError."""
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err):
-                args = self.parser.parse_args(argv)
-        except SystemExit as exc:
-            raise PresetError(f"vllm-omni serve's parser rejected the command: {err.getvalue().strip()}") from exc
-        try:
-            self.command.validate(args)
-        except ValueError as exc:
-            raise PresetError(f"vllm-omni serve rejected the command: {exc}") from exc
-        # vLLM-Omni 0.30.0 means to reject these under --omni, but its check reads an attribute that
-        # nothing sets; enforce it here.
-        explicit = set(getattr(args, "explicit_keys", ()) or ())
-        dp = sorted(k for k in explicit if k.startswith("data_parallel") or k == "enable_expert_parallel")
-        if dp:
-            raise PresetError(f"{', '.join(dp)} under --omni: configure replicas with the deploy YAML num_replicas")
-        return args
-
-    def validate(self, rendered: Rendered, costs: CostTable | None = None) -> dict[str, Any]:
-        """Parse and resolve ``rendered``; check the resolved config is the preset's topology. Returns a summary."""
-        from vllm_omni.config.resolver import resolve_omni_config
-        from vllm_omni.engine.stage_init_utils import split_devices_for_replicas
-        from vllm_omni.entrypoints.utils import prepare_stage_config_inputs
-        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
-
-        import yaml
-
-        costs = costs or load_cost_table()
-        preset = rendered.preset
-        spec = costs.model(preset.model)
-        model = rendered.model if os.path.isdir(rendered.model) else self.stub_model(spec.pipeline_class)
-        flags = list(rendered.flags)
-        if rendered.deploy is not None:
-            path = Path(self._tmp.name) / f"{preset.name}.yaml"
-            path.write_text(yaml.safe_dump(rendered.deploy, sort_keys=False))
-            flags[flags.index("--deploy-config") + 1] = str(path)
-        args = self.parse(["serve", model, "--omni", "--host", rendered.host, "--port", str(rendered.port), *flags])
-        kwargs = args.get_explicit_kwargs_dict()
-        kwargs.pop("model", None)
-        kwargs.pop("model_tag", None)
-        kwargs.setdefault("log_stats", not args.disable_log_stats)
-        inputs = prepare_stage_config_inputs(model, kwargs, trust_remote_code=None)
-        try:
-            resolution = resolve_omni_config(
-                inputs.model,
-                trust_remote_code=inputs.trust_remote_code,
-                cli_overrides=inputs.kwargs,
-                deploy_config_path=inputs.deploy_config_path,
-                stage_overrides=inputs.stage_overrides,
-                strategy_config_path=inputs.strategy_config_path,
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PresetError(f"vLLM-Omni's config loader rejected preset {preset.name}: {exc}") from exc
-        if len(resolution.stage_configs) != 1:
-            raise PresetError(f"{preset.name}: expected one diffusion stage, vLLM-Omni resolved {len(resolution.stage_configs)}")
-        stage = resolution.stage_configs[0]
-        par, runtime, diff = stage.parallel_config, stage.runtime_config, stage.diffusion_config
-        topo = preset.topology
-        got = {
-            "cfg": par.cfg_parallel_size, "ulysses": par.ulysses_degree, "ring": par.ring_degree,
-            "tp": par.tensor_parallel_size, "vae_patch": par.vae_patch_parallel_size, "replicas": runtime.num_replicas,
-        }
-        problems = [f"{k}: preset {v}, vLLM-Omni resolved {got[k]}" for k, v in topo.as_dict().items() if got[k] != v]
-        if par.data_parallel_size != 1:
-            problems.append(f"vLLM-Omni inferred intra-engine data_parallel_size={par.data_parallel_size}: every DP rank "
-                            "would compute the same request")
-        if par.world_size != topo.ranks_per_replica:
-            problems.append(f"world size {par.world_size} != {topo.ranks_per_replica} ranks per replica")
-        try:
-            split = split_devices_for_replicas(runtime.devices, runtime.num_replicas, par.world_size, 0)
-        except ValueError as exc:
-            problems.append(f"devices {runtime.devices!r}: {exc}")
-            split = []
-        if runtime.devices is not None and len(split) != topo.replicas:
-            problems.append(f"devices {runtime.devices!r} split into {len(split)} groups, want {topo.replicas}")
-        if diff.model_arch != spec.pipeline_class:
-            problems.append(f"pipeline {diff.model_arch!r}, want {spec.pipeline_class!r}")
-        if rendered.deploy is not None:
-            env = dict(runtime.env or {})
-            missing = {k: v for k, v in preset.stage_env.items() if env.get(k) != v}
-            if missing:
-                problems.append(f"stage env not applied: {missing}")
-        dsp = default_sampling_params(preset)
-        resolved_dsp = dict(stage.model_config.default_sampling_params or {})
-        if any(resolved_dsp.get(k) != v for k, v in dsp.items()):
-            problems.append(f"default sampling params {resolved_dsp} do not contain {dsp}")
-        try:
-            OmniDiffusionSamplingParams(**dsp)
-        except TypeError as exc:
-            problems.append(f"request defaults are not sampling params: {exc}")
-        for key, value in preset.engine.items():
-            if hasattr(diff, key) and key != "dtype" and getattr(diff, key) != value:
-                problems.append(f"engine.{key}: preset {value!r}, vLLM-Omni resolved {getattr(diff, key)!r}")
-        if preset.executor and diff.distributed_executor_backend != preset.executor:
-            problems.append(f"executor not applied: {diff.distributed_executor_backend!r}")
-        if preset.scheduler and diff.engine_backend != preset.scheduler:
-            problems.append(f"scheduler not applied: engine_backend={diff.engine_backend!r}")
-        if problems:
-            raise PresetError(f"{preset.name}: vLLM-Omni resolves a different deployment:\n  - " + "\n  - ".join(problems))
-        return {"name": preset.name, "channel": rendered.channel, "resolved": got, "world_size": par.world_size,
-                "devices": runtime.devices, "env": dict(runtime.env or {}), "default_sampling_params": resolved_dsp}
