@@ -3,10 +3,12 @@
 Servers (conftest.SERVERS): ``wan-tuned-cfg2`` / ``qwen-tuned-cfg2`` (one CFG group of 2 workers),
 ``wan-tuned-dp2`` (two groups of one worker each: real data parallel). They are compared with the
 one-worker stock servers ``wan`` / ``qwen``. Which rank ran which request is read from the
-executor's INFO lines (``omni-ext: start request <id> on rank(s) [..] (<mode>)``), in the order
-the server wrote them.
+executor's INFO lines (:func:`tests.helpers.executor_events`).
 
-Speed is not asserted here (that is ``omni-ext bench``); these tests check behaviour.
+CFG parallel's identical output to one device is tested for vLLM-Omni's executor and this one
+together (``tests/test_serving.py::test_cfg_parallel_2_*``); the placement rules themselves are
+unit-tested in ``tests/test_scheduler.py``. Speed is not asserted here (that is ``omni-ext bench``);
+these tests check behaviour.
 """
 
 from __future__ import annotations
@@ -20,39 +22,7 @@ import time
 import pytest
 import requests
 
-from tests.media import decode_mp4
-from tests.test_serving import IMAGE, VIDEO, image_gen, png_from, video_sync
-
-START = re.compile(r"omni-ext: start request (\S+) on rank\(s\) \[([\d, ]+)\] \((\w+(?:-\w+)?)\)")
-DONE = re.compile(r"omni-ext: done request (\S+) on rank\(s\) \[([\d, ]+)\]")
-
-
-def executor_events(log: str) -> list[tuple[str, str, tuple[int, ...], str]]:
-    """("start"|"done", request_id, ranks, mode) in log order."""
-    events = []
-    for line in log.splitlines():
-        m = START.search(line)
-        if m:
-            events.append(("start", m.group(1), tuple(int(x) for x in m.group(2).split(",")), m.group(3)))
-            continue
-        m = DONE.search(line)
-        if m:
-            events.append(("done", m.group(1), tuple(int(x) for x in m.group(2).split(",")), ""))
-    return events
-
-
-def new_events(server, before: int) -> list:
-    return executor_events(server.log_text())[before:]
-
-
-def wait_for_events(server, before: int, n_done: int, timeout: float = 60.0) -> list:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ev = new_events(server, before)
-        if sum(1 for e in ev if e[0] == "done") >= n_done:
-            return ev
-        time.sleep(0.2)
-    return new_events(server, before)
+from tests.helpers import IMAGE, executor_events, new_events, png_from, video_sync, wait_for_events
 
 
 def run_two_at_once(server, fields: dict, seeds: tuple[int, int]) -> tuple[list, list]:
@@ -65,7 +35,7 @@ def run_two_at_once(server, fields: dict, seeds: tuple[int, int]) -> tuple[list,
 
 
 # --------------------------------------------------------------------------------------------------
-# 0. Ascend defaults and time limits: pure decisions, no NPU (torch_npu is never imported here)
+# 0. Pure parts: Ascend defaults (no NPU, torch_npu is never imported here), the worker pipe messages
 # --------------------------------------------------------------------------------------------------
 def test_ascend_defaults_fill_only_what_the_user_did_not_set() -> None:
     from omni_ext.executor.ascend import ascend_worker_env
@@ -104,56 +74,31 @@ def test_collectives_use_hccl_on_npu_and_torch_npu_is_not_needed() -> None:
     assert "torch_npu" not in sys.modules
 
 
-def test_time_limit_follows_expected_cost_not_a_fixed_600_s() -> None:
-    from omni_ext.executor.policy import cost_units, job_time_limit_s
+def test_executor_worker_messages_round_trip_over_a_pipe() -> None:
+    import multiprocessing
 
-    class SP:  # the sampling-parameter fields the policy reads
-        def __init__(self, steps, h, w, frames):
-            self.num_inference_steps, self.height, self.width, self.num_frames = steps, h, w, frames
+    from omni_ext.executor import protocol
+    from omni_ext.scheduler.placement import JobMode
 
-    short, long_video = cost_units(SP(4, 64, 64, 9), True), cost_units(SP(50, 480, 832, 81), True)
-    assert long_video > 100 * short
-    rate = 1e-3  # seconds per unit, as learned from finished requests
-    assert job_time_limit_s(short, rate, {}) == 120.0  # floor
-    assert job_time_limit_s(long_video, rate, {}) == pytest.approx(10 * long_video * rate)
-    assert job_time_limit_s(long_video, rate, {}) > 600
-    assert job_time_limit_s(long_video, None, {}) is None  # nothing measured yet: no guess
-    assert job_time_limit_s(short, rate, {"OMNI_EXT_JOB_TIMEOUT_S": "42"}) == 42.0
-
-
-# --------------------------------------------------------------------------------------------------
-# 1. CFG parallel end to end: identical output to one device
-# --------------------------------------------------------------------------------------------------
-def test_tuned_cfg2_video_is_byte_identical_to_one_worker(server_pool) -> None:
-    one, tuned = server_pool.get("wan"), server_pool.get("wan-tuned-cfg2")
-    before = len(executor_events(tuned.log_text()))
-    # 9 frames -> 3 latent frames: the VAE decode really runs as the two-rank pipeline.
-    a = video_sync(one, size="48x32", num_frames=9)
-    b = video_sync(tuned, size="48x32", num_frames=9)
-    assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
-    assert decode_mp4(b.content) == (9, 48, 32)
-    assert a.content == b.content
-    ev = wait_for_events(tuned, before, 1)
-    assert [e[2:] for e in ev if e[0] == "start"] == [((0, 1), "pair")]
-    log = tuned.log_text()
-    assert "Wan VAE decode split between CFG ranks" in log
-    assert "CFG rank 0 encodes only the prompt" in log and "CFG rank 1 encodes only the negative prompt" in log
-
-
-def test_tuned_cfg2_image_is_identical_to_one_worker(server_pool) -> None:
-    one, tuned = server_pool.get("qwen"), server_pool.get("qwen-tuned-cfg2")
-    before = len(executor_events(tuned.log_text()))
-    a = png_from(image_gen(one, size="48x32"))
-    b = png_from(image_gen(tuned, size="48x32"))
-    assert a == b
-    ev = wait_for_events(tuned, before, 1)
-    assert [e[2:] for e in ev if e[0] == "start"] == [((0, 1), "pair")]
-    log = tuned.log_text()
-    assert "CFG rank 0 encodes only the prompt" in log and "CFG rank 1 encodes only the negative prompt" in log
+    sent = [
+        protocol.RunJob("omx-1", {"prompt": "a fox"}, JobMode.PAIR, 2, 1),
+        protocol.JobDone("omx-1", 1, None, False, 0.5),
+        protocol.CallRpc("rpc-2", "sleep", (1,), {"level": 1}),
+        protocol.RpcResult("rpc-2", 0, False, "ValueError: x"),
+        protocol.Ready(0, 1234),
+        protocol.StartFailed(1, "OSError: y"),
+        protocol.Shutdown(),
+    ]
+    here, there = multiprocessing.Pipe()
+    for msg in sent:
+        protocol.send(here, msg)
+    got = [protocol.recv(there) for _ in sent]
+    assert got == sent
+    assert got[0].mode is JobMode.PAIR
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. No wasted rank: CFG-free requests on a cfg-2 group run once each, two at a time
+# 1. No wasted rank: CFG-free requests on a cfg-2 group run once each, two at a time
 # --------------------------------------------------------------------------------------------------
 def test_cfg_free_requests_on_cfg2_group_run_once_each_on_different_ranks(server_pool) -> None:
     one, tuned = server_pool.get("wan"), server_pool.get("wan-tuned-cfg2")
@@ -181,7 +126,7 @@ def test_qwen_image_without_negative_prompt_runs_on_one_rank(server_pool) -> Non
 
 
 # --------------------------------------------------------------------------------------------------
-# 2b. Progress and cancellation of running jobs under the tuned executor
+# 1b. Progress and cancellation of running jobs under the tuned executor
 # --------------------------------------------------------------------------------------------------
 def _start_long_video(server, **over) -> dict:
     body = {"prompt": "a red fox", "negative_prompt": "blurry", "size": "256x256", "num_frames": 17,
@@ -227,7 +172,7 @@ def test_delete_stops_a_running_tuned_job_and_frees_its_ranks(server_pool, mode:
 
 
 # --------------------------------------------------------------------------------------------------
-# 3. Real data parallel: two groups run two requests at the same time
+# 2. Real data parallel: two groups run two requests at the same time
 # --------------------------------------------------------------------------------------------------
 def test_two_groups_run_two_requests_concurrently(server_pool) -> None:
     one, dp2 = server_pool.get("wan"), server_pool.get("wan-tuned-dp2")
@@ -243,7 +188,7 @@ def test_two_groups_run_two_requests_concurrently(server_pool) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# 4. Failure: a killed worker fails its request fast and /health says so
+# 3. Failure: a killed worker fails its request fast and /health says so
 #    (kills a worker of wan-tuned-dp2: keep this the last test that uses that server)
 # --------------------------------------------------------------------------------------------------
 def test_killed_worker_fails_request_fast_and_health_reports_it(server_pool) -> None:

@@ -1,12 +1,12 @@
 """The real ``vllm-omni serve --omni`` with omni-ext installed, on tiny Wan2.1 and Qwen-Image models.
 
 Every test talks HTTP to a real server process (see conftest.SERVERS): one worker, CFG parallel
-over two worker processes, and the CPU platform underneath both.
+over two worker processes (vLLM-Omni's executor and omni-ext's TunedExecutor), and the CPU
+platform underneath.
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import sys
@@ -16,28 +16,8 @@ import pytest
 import requests
 
 from omni_ext.server_process import vllm_omni_exe
+from tests.helpers import IMAGE, executor_events, image_gen, png_from, video_sync, wait_for_events
 from tests.media import decode_mp4, decode_png
-
-VIDEO = {"prompt": "a red fox running through fresh snow", "negative_prompt": "blurry, low quality",
-         "num_inference_steps": "2", "guidance_scale": "4.0", "seed": "1234", "fps": "8"}
-IMAGE = {"prompt": "a lighthouse at dusk", "negative_prompt": "blurry", "true_cfg_scale": 4.0,
-         "num_inference_steps": 2, "seed": 77}
-
-
-def video_sync(server, **fields) -> requests.Response:
-    data = {**VIDEO, **{k: str(v) for k, v in fields.items()}}
-    # multipart/form-data, exactly as vLLM-Omni's curl examples send it
-    return requests.post(server.url + "/v1/videos/sync", files={k: (None, v) for k, v in data.items()}, timeout=300)
-
-
-def image_gen(server, **fields) -> requests.Response:
-    return requests.post(server.url + "/v1/images/generations", json={**IMAGE, **fields}, timeout=300)
-
-
-def png_from(resp: requests.Response):
-    assert resp.status_code == 200, resp.text
-    body = resp.json()
-    return base64.b64decode(body["data"][0]["b64_json"])
 
 
 @pytest.mark.parametrize("server", ["wan"], indirect=True)
@@ -48,13 +28,36 @@ def test_video_sync_decodes_to_requested_frames_and_size(server) -> None:
     assert decode_mp4(resp.content) == (9, 48, 32)
 
 
-def test_cfg_parallel_2_video_is_byte_identical_to_one_worker(server_pool) -> None:
-    one, two = server_pool.get("wan"), server_pool.get("wan-cfg2")
-    a = video_sync(one, size="32x32", num_frames=5)
-    b = video_sync(two, size="32x32", num_frames=5)
+def assert_tuned_pair_run(server, before: int, *log_lines: str) -> None:
+    """The one request sent since event ``before`` ran as a CFG pair on ranks 0 and 1, each rank
+    encoding only its own prompt (omni-ext's TunedExecutor)."""
+    ev = wait_for_events(server, before, 1)
+    assert [e[2:] for e in ev if e[0] == "start"] == [((0, 1), "pair")]
+    log = server.log_text()
+    for line in log_lines:
+        assert line in log
+    assert "CFG rank 0 encodes only the prompt" in log and "CFG rank 1 encodes only the negative prompt" in log
+
+
+# CFG parallel 2 with vLLM-Omni's executor and with omni-ext's TunedExecutor, each against the
+# one-worker server. Tuned: 9 frames -> 3 latent frames, so its VAE decode really runs as the
+# two-rank pipeline.
+@pytest.mark.parametrize(
+    "name,size,frames,tuned",
+    [("wan-cfg2", "32x32", 5, False), ("wan-tuned-cfg2", "48x32", 9, True)],
+    ids=["stock", "tuned"],
+)
+def test_cfg_parallel_2_video_is_byte_identical_to_one_worker(server_pool, name, size, frames, tuned) -> None:
+    one, two = server_pool.get("wan"), server_pool.get(name)
+    before = len(executor_events(two.log_text()))
+    a = video_sync(one, size=size, num_frames=frames)
+    b = video_sync(two, size=size, num_frames=frames)
     assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
-    assert decode_mp4(b.content) == (5, 32, 32)
+    width, height = (int(x) for x in size.split("x"))
+    assert decode_mp4(b.content) == (frames, width, height)
     assert a.content == b.content
+    if tuned:
+        assert_tuned_pair_run(two, before, "Wan VAE decode split between CFG ranks")
 
 
 @pytest.mark.parametrize("server", ["qwen"], indirect=True)
@@ -66,11 +69,17 @@ def test_image_generation_png_of_requested_size_in_default_dtype(server) -> None
     assert "dtype=torch.bfloat16" in server.log_text()  # vLLM-Omni's default dtype, as served
 
 
-def test_cfg_parallel_2_image_is_identical_to_one_worker(server_pool) -> None:
-    one, two = server_pool.get("qwen"), server_pool.get("qwen-cfg2")
-    a = png_from(image_gen(one, size="32x32"))
-    b = png_from(image_gen(two, size="32x32"))
+@pytest.mark.parametrize(
+    "name,size,tuned", [("qwen-cfg2", "32x32", False), ("qwen-tuned-cfg2", "48x32", True)], ids=["stock", "tuned"]
+)
+def test_cfg_parallel_2_image_is_identical_to_one_worker(server_pool, name, size, tuned) -> None:
+    one, two = server_pool.get("qwen"), server_pool.get(name)
+    before = len(executor_events(two.log_text()))
+    a = png_from(image_gen(one, size=size))
+    b = png_from(image_gen(two, size=size))
     assert a == b
+    if tuned:
+        assert_tuned_pair_run(two, before)
 
 
 @pytest.mark.parametrize("name,workers", [("wan", ["MainProcess"]), ("wan-cfg2", ["MainProcess", "DiffusionWorker-0", "DiffusionWorker-1"])])

@@ -19,7 +19,8 @@ What it does differently from vLLM-Omni's ``MultiprocDiffusionExecutor`` (detail
 - Ascend defaults for the workers (see :mod:`omni_ext.executor.ascend`).
 
 The package is import-light: the executor class is loaded on first attribute access, so the pure
-helpers (``ascend``, ``policy``) import without vLLM.
+helpers (``ascend``, ``protocol``, ``role``) import without vLLM. Its scheduling decisions
+(placement, cost, time limits) are pure code in :mod:`omni_ext.scheduler`.
 """
 
 from __future__ import annotations

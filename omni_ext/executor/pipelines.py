@@ -1,9 +1,10 @@
 """Worker-side pipeline support for the tuned executor: Wan2.1/2.2 and Qwen-Image subclasses.
 
-They are registered (vLLM-Omni's ``register_diffusion_model``, same architecture key) only inside
-the tuned executor's worker processes, so every other server, and the engine/API process, keeps
-vLLM-Omni's classes. Outside a CFG pair job (:func:`omni_ext.executor.role.pair_active`) they behave
-exactly like the parent classes. Inside one:
+They are registered (vLLM-Omni's ``register_diffusion_model``, same architecture key, the names
+:func:`omni_ext.models.families.tuned_pipelines` lists) only inside the tuned executor's worker
+processes, so every other server, and the engine/API process, keeps vLLM-Omni's classes. Outside
+a CFG pair job (:func:`omni_ext.executor.role.pair_active`) they behave exactly like the parent
+classes. Inside one:
 
 - Text encoding: CFG rank 0 encodes only the prompt, rank 1 only the negative prompt. The other
   branch gets a placeholder of the right batch/dtype that is never fed to the transformer (in CFG
@@ -21,10 +22,11 @@ import logging
 import torch
 
 from omni_ext.executor.role import ROLE, pair_active
+from omni_ext.scheduler.placement import JobMode
 
 logger = logging.getLogger("omni_ext.executor")
 
-_REGISTERED = False
+_REGISTERED: list[str] | None = None
 _LOGGED: set[str] = set()
 
 
@@ -45,14 +47,15 @@ def _vae_parallel(od_config) -> bool:
     return int(getattr(pc, "vae_patch_parallel_size", 1) or 1) > 1
 
 
-class _SingleRankCfgMixin:
-    """How the tuned pipelines run guidance: one rank alone, or a CFG pair that can be cancelled.
+class _TunedCfgMixin:
+    """How the tuned pipelines run guidance, for both job modes the executor places
+    (:class:`~omni_ext.scheduler.placement.JobMode`): one rank alone, or a CFG pair that can be cancelled.
 
-    vLLM-Omni picks the parallel path whenever the CFG group has 2 ranks; a "single" job (one rank
+    vLLM-Omni picks the parallel path whenever the CFG group has 2 ranks; a SINGLE job (one rank
     of a CFG group, its partner busy with another request) must never enter the group's
     all-gather, so it runs both branches sequentially on its rank.
 
-    A "pair" job runs vLLM-Omni's CFG-parallel step (each rank its own branch, one all-gather,
+    A PAIR job runs vLLM-Omni's CFG-parallel step (each rank its own branch, one all-gather,
     the same combine on both ranks) with one addition: each rank appends its cancel flag to the
     noise prediction it contributes, so the per-step exchange stays ONE collective and both ranks
     learn of a cancellation in the same step and stop together.
@@ -70,7 +73,7 @@ class _SingleRankCfgMixin:
         cfg_normalize=True, output_slice=None, kwargs=None,
     ):
         extra = {} if kwargs is None else {"kwargs": kwargs}
-        if do_true_cfg and ROLE.mode == "single" and ROLE.cfg_size > 1:
+        if do_true_cfg and ROLE.mode == JobMode.SINGLE and ROLE.cfg_size > 1:
             from vllm_omni.diffusion.distributed.cfg_parallel import _slice_pred, _wrap
 
             pos = _wrap(self.predict_noise(**positive_kwargs))
@@ -121,7 +124,7 @@ from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import (  # noqa: E402
 )
 
 
-class TunedWan22Pipeline(_SingleRankCfgMixin, Wan22Pipeline):
+class TunedWan22Pipeline(_TunedCfgMixin, Wan22Pipeline):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         vae = getattr(self, "vae", None)
@@ -186,7 +189,7 @@ from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import (  # noqa:
 )
 
 
-class TunedQwenImagePipeline(_SingleRankCfgMixin, QwenImagePipeline):
+class TunedQwenImagePipeline(_TunedCfgMixin, QwenImagePipeline):
     _omx_split = False
 
     def forward(self, req):
@@ -235,12 +238,22 @@ class TunedQwenImagePipeline(_SingleRankCfgMixin, QwenImagePipeline):
 
 
 def register_tuned_pipelines() -> list[str]:
-    """Point vLLM-Omni's registry at the tuned classes (call only in tuned worker processes)."""
-    global _REGISTERED
-    from vllm_omni.diffusion.registry import register_diffusion_model
+    """Point vLLM-Omni's registry at the tuned classes (call only in tuned worker processes).
 
-    if not _REGISTERED:
-        register_diffusion_model("WanPipeline", __name__, "TunedWan22Pipeline")
-        register_diffusion_model("QwenImagePipeline", __name__, "TunedQwenImagePipeline")
-        _REGISTERED = True
-    return ["WanPipeline", "QwenImagePipeline"]
+    Registers each pipeline name of :func:`omni_ext.models.families.tuned_pipelines` that vLLM-Omni's
+    registry itself knows (it looks a model up by exactly these names); a family's other names
+    would be new architectures without vLLM-Omni's pre/post-processing. Returns the names registered.
+    """
+    global _REGISTERED
+    from vllm_omni.diffusion.registry import DiffusionModelRegistry, register_diffusion_model
+
+    from omni_ext.models.families import tuned_pipelines
+
+    if _REGISTERED is None:
+        known = DiffusionModelRegistry.get_supported_archs()
+        tuned = {name: qualname for name, qualname in tuned_pipelines().items() if name in known}
+        for name, qualname in tuned.items():
+            module, _, cls = qualname.partition(":")
+            register_diffusion_model(name, module, cls)
+        _REGISTERED = list(tuned)
+    return list(_REGISTERED)

@@ -13,13 +13,19 @@ vLLM-Omni's workers create.
 
 Dispatch. ``execute_batch`` does not block the engine: it queues each scheduled request as a job
 and returns at once with an ``async_output_id``; the engine waits on ``wait_output_ready`` outside
-its busy loop, so it immediately schedules the next request. Jobs leave the queue in FIFO order:
+its busy loop, so it immediately schedules the next request. Jobs leave the queue in FIFO order,
+placed by :mod:`omni_ext.scheduler.placement` (pure rules, unit-tested there):
 
 - a request that runs both guidance branches, on a cfg-2 layout, takes a whole free CFG group
-  ("pair" job; the queue waits for one, no overtaking, so it cannot starve);
+  (PAIR job; the queue waits for one, no overtaking, so it cannot starve);
 - any other request (CFG off: Wan guidance <= 1, Qwen-Image without a negative prompt; or a cfg-1
-  layout) takes ONE free rank ("single" job), preferring a rank whose partner is busy, so whole
-  groups stay free for pair jobs. A cfg-2 group therefore serves two CFG-free requests at once.
+  layout) takes ONE free rank (SINGLE job), preferring a rank whose partner is busy, so whole
+  groups stay free for pair jobs. A cfg-2 group therefore serves two CFG-free requests at once;
+- vLLM-Omni's start-up warm-up (CFG-free for the models with a tuned pipeline) runs once on every
+  rank. Models without one (no ``tuned_class`` in :mod:`omni_ext.models.families`) keep vLLM-Omni's
+  rule: every request takes a whole CFG group.
+
+This class keeps only the mechanism: locks, worker pipes (:mod:`omni_ext.executor.protocol`), futures.
 
 A rank is free again as soon as it answers, and a request is answered as soon as the rank holding
 its output answers (for Qwen-Image CFG rank 1 skips the VAE decode and is free early).
@@ -28,7 +34,7 @@ Failure. A monitor thread waits on the worker processes' sentinels: when one die
 queued or running fails at once with an error naming the worker, the signal and the request, the
 remaining workers are stopped, ``check_health`` raises ``EngineDeadError`` (``/health`` -> 503) and
 the engine's failure callbacks run. Time limits are per job, a multiple of the job's expected cost
-learned from finished jobs (:func:`omni_ext.executor.policy.job_time_limit_s`), never vLLM-Omni's
+learned from finished jobs (:func:`omni_ext.scheduler.cost.job_time_limit_s`), never vLLM-Omni's
 fixed 600 s; an over-limit job fails the same way (its CFG group can no longer be trusted).
 """
 
@@ -41,7 +47,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
 import signal
 import threading
 import time
@@ -54,16 +59,17 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.executor.abstract import DiffusionExecutor
 
-from omni_ext.executor import ascend, policy
+from omni_ext.executor import ascend, protocol
+from omni_ext.models import families
+from omni_ext.scheduler import cost, placement
+from omni_ext.scheduler.placement import JobMode, JobNeeds
 
 logger = logging.getLogger("omni_ext.executor")
 
 _READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800"))
-_DUMMY_REQUEST_PREFIX = "dummy_req_id"
-
-
-def _send(conn, obj: Any) -> None:
-    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+#: vLLM-Omni's start-up warm-up request ids start with this
+#: (``vllm_omni.diffusion.request.DUMMY_DIFFUSION_REQUEST_ID`` in 0.30).
+DUMMY_REQUEST_PREFIX = "dummy_req_id"
 
 
 @contextlib.contextmanager
@@ -85,9 +91,7 @@ class _Job:
     job_id: str
     request_id: str
     req: Any
-    pair: bool
-    units: float
-    all_ranks: bool = False  # warm-up request: run once on every rank
+    needs: JobNeeds  # mode and expected cost, what placement reads
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     ranks: tuple[int, ...] = ()
     answered: set[int] = field(default_factory=set)
@@ -98,6 +102,11 @@ class _Job:
     dropped: bool = False
     first_out: Any = None
     seq: int = 0  # written into the ranks' cancel slots to stop the job while it runs
+
+    @property
+    def all_ranks(self) -> bool:
+        """The warm-up: runs once on every rank and answers when all are done."""
+        return self.needs.mode is JobMode.ALL_RANKS
 
 
 class TunedExecutor(DiffusionExecutor):
@@ -127,8 +136,13 @@ class TunedExecutor(DiffusionExecutor):
         cfg.num_gpus = world
         self.dp = dp
         self.world = world
-        self.groups = [tuple(range(g * self.cfg_size, (g + 1) * self.cfg_size)) for g in range(dp)]
+        self.layout = placement.Layout.regular(dp, self.cfg_size)
         self.model_arch = getattr(cfg, "model_class_name", None)
+        family = families.family_of(self.model_arch)
+        # A request may use part of a CFG group only where omni-ext's tuned pipeline runs (it keeps a
+        # one-rank job out of the group's collectives); any other model's requests take the whole
+        # group, as under vLLM-Omni's own executor, and its warm-up is an ordinary request.
+        self._tuned_model = family is not None and family.tuned_class is not None and family.cfg_rule != "always"
 
         # vLLM-Omni's engine waits at most VLLM_OMNI_ASYNC_OUTPUT_TIMEOUT (600 s) for an async output;
         # here a request may queue behind others and long videos take longer, and this executor
@@ -170,7 +184,7 @@ class TunedExecutor(DiffusionExecutor):
             t.start()
         logger.info(
             "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d, backend %s%s",
-            world, dp, [list(g) for g in self.groups], self.cfg_size, backend,
+            world, dp, [list(g) for g in self.layout.groups], self.cfg_size, backend,
             f", worker env {worker_env}" if worker_env else "",
         )
 
@@ -214,10 +228,10 @@ class TunedExecutor(DiffusionExecutor):
                         )
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"omni-ext: diffusion worker {rank} not ready after {_READY_TIMEOUT_S:.0f} s")
-                msg = pickle.loads(conn.recv_bytes())
-                if msg[0] != "ready":
-                    raise RuntimeError(f"omni-ext: diffusion worker {rank} failed to start: {msg[2]}")
-                self._pids[rank] = msg[2]
+                msg = protocol.recv(conn)
+                if not isinstance(msg, protocol.Ready):
+                    raise RuntimeError(f"omni-ext: diffusion worker {rank} failed to start: {getattr(msg, 'error', msg)}")
+                self._pids[rank] = msg.pid
         except BaseException:
             self._kill_workers()
             raise
@@ -338,7 +352,7 @@ class TunedExecutor(DiffusionExecutor):
                 self._rpc_replies[rpc_id] = {}
                 for r in ranks:
                     self._busy[r] = rpc_id
-                    self._post(r, ("rpc", rpc_id, method, args, kwargs or {}))
+                    self._post(r, protocol.CallRpc(rpc_id, method, args, kwargs or {}))
                 while len(self._rpc_replies[rpc_id]) < len(ranks):
                     self._ensure_alive()
                     left = None if deadline is None else deadline - time.monotonic()
@@ -368,7 +382,7 @@ class TunedExecutor(DiffusionExecutor):
             self._resolve(job, DiffusionOutput(error="omni-ext TunedExecutor shut down"))
         for rank in range(self.world):
             with contextlib.suppress(Exception):
-                self._post(rank, ("shutdown",))
+                self._post(rank, protocol.Shutdown())
         deadline = time.monotonic() + 10
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -380,18 +394,17 @@ class TunedExecutor(DiffusionExecutor):
     # ------------------------------------------------------------------ jobs
     def _submit(self, request_id: str, req: Any) -> _Job:
         sp = getattr(req, "sampling_params", None)
-        known = self.model_arch in policy.WAN_ARCHS | policy.QWEN_IMAGE_ARCHS
-        cfg = policy.needs_cfg(self.model_arch, getattr(req, "prompt", None), sp)
+        cfg = not self._tuned_model or families.needs_cfg(self.model_arch, getattr(req, "prompt", None), sp)
+        # Warm every worker with vLLM-Omni's start-up request (tuned models: it runs CFG-free).
+        warm_up = request_id.startswith(DUMMY_REQUEST_PREFIX) and self._tuned_model
+        mode = JobMode.for_request(needs_cfg=cfg, group_size=self.cfg_size, warm_up=warm_up)
         seq = next(self._ids)
         job = _Job(
             job_id=f"omx-{seq}",
             seq=seq,
             request_id=request_id,
             req=req,
-            pair=cfg and self.cfg_size == 2,
-            units=policy.cost_units(sp, cfg),
-            # Warm every worker with vLLM-Omni's start-up request (known models: it runs CFG-free).
-            all_ranks=request_id.startswith(_DUMMY_REQUEST_PREFIX) and known and not cfg,
+            needs=JobNeeds(mode, families.cost_units(self.model_arch, sp, cfg)),
         )
         if job.all_ranks and self.device_type == "cpu":
             job.req = self._small_warmup(req)
@@ -420,62 +433,44 @@ class TunedExecutor(DiffusionExecutor):
         return [r for r, v in self._busy.items() if v is None]
 
     def _dispatch_locked(self) -> None:
-        if self._failed or self._closed or self._rpc_barrier:
+        """Start what the placement rules allow now (under the lock; nothing while an RPC waits)."""
+        if self._failed or self._closed:
             return
-        while self._pending:
-            job = self._pending[0]
-            free = set(self._free_ranks())
-            if job.all_ranks:
-                if len(free) < self.world:
-                    return
-                ranks: tuple[int, ...] = tuple(range(self.world))
-                mode = "single"
-            elif job.pair:
-                group = next((g for g in self.groups if all(r in free for r in g)), None)
-                if group is None:
-                    return  # FIFO: wait for a whole group
-                ranks, mode = group, "pair"
-            else:
-                if not free:
-                    return
-                # Prefer a rank whose partner is busy: keep whole groups free for pair jobs.
-                def score(r: int) -> tuple[int, int]:
-                    g = self.groups[r // self.cfg_size]
-                    return (sum(1 for x in g if x in free), r)
+        starts = placement.next_placements(self._pending, self._free_ranks(), self.layout, hold=bool(self._rpc_barrier))
+        for start in starts:
+            self._pending.remove(start.job)
+            self._start_locked(start.job, start.ranks, start.mode)
 
-                ranks, mode = (min(free, key=score),), "single"
-            self._pending.popleft()
-            self._start_locked(job, ranks, mode)
-
-    def _start_locked(self, job: _Job, ranks: tuple[int, ...], mode: str) -> None:
+    def _start_locked(self, job: _Job, ranks: tuple[int, ...], mode: JobMode) -> None:
         job.ranks = ranks
         job.started = time.monotonic()
-        limit = policy.job_time_limit_s(job.units, self._rate)
+        limit = cost.job_time_limit_s(job.needs.units, self._rate)
         job.deadline = None if limit is None else job.started + limit
         self._running[job.job_id] = job
         for r in ranks:
             self._busy[r] = job.job_id
         for r in ranks:
             try:
-                self._post(r, ("job", job.job_id, job.req, mode, self.cfg_size, job.seq))
+                self._post(r, protocol.RunJob(job.job_id, job.req, mode, self.cfg_size, job.seq))
             except Exception as exc:  # a dead pipe: the monitor reports the death
                 logger.error("omni-ext: could not send request %s to worker %d: %s", job.request_id, r, exc)
         logger.info(
             "omni-ext: start request %s on rank(s) %s (%s)%s",
-            job.request_id, list(ranks), "warm-up" if job.all_ranks else mode,
+            job.request_id, list(ranks), "warm-up" if job.all_ranks else mode.value,
             f", time limit {limit:.0f} s" if limit is not None else "",
         )
 
-    def _post(self, rank: int, msg: Any) -> None:
+    def _post(self, rank: int, msg: protocol.Message) -> None:
         with self._send_locks[rank]:
-            _send(self._conns[rank], msg)
+            protocol.send(self._conns[rank], msg)
 
     def _resolve(self, job: _Job, out: DiffusionOutput) -> None:
         if not job.future.done():
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 job.future.set_result(out)
 
-    def _on_done(self, rank: int, job_id: str, out: Any, owner: bool, seconds: float) -> None:
+    def _on_done(self, rank: int, done: protocol.JobDone) -> None:
+        job_id, out, owner = done.job_id, done.out, done.owner
         with self._lock:
             if self._busy.get(rank) == job_id:
                 self._busy[rank] = None
@@ -485,7 +480,7 @@ class TunedExecutor(DiffusionExecutor):
                 self._lock.notify_all()
                 return
             job.answered.add(rank)
-            job.longest_s = max(job.longest_s, seconds)
+            job.longest_s = max(job.longest_s, done.seconds)
             is_error = isinstance(out, DiffusionOutput) and bool(getattr(out, "error", None))
             if job.all_ranks:
                 if rank == job.ranks[0] or is_error:
@@ -506,9 +501,8 @@ class TunedExecutor(DiffusionExecutor):
                     self._resolve(job, DiffusionOutput(error=f"omni-ext: no rank returned an output for {job.request_id}"))
                 # Learn the cost rate from complete runs only (a warm-up is resized and pays first-call
                 # costs; a cancelled job stopped early).
-                if job.units > 0 and not is_error and not job.all_ranks and not job.dropped:
-                    rate = job.longest_s / job.units
-                    self._rate = rate if self._rate is None else 0.7 * self._rate + 0.3 * rate
+                if job.needs.units > 0 and not is_error and not job.all_ranks and not job.dropped:
+                    self._rate = cost.updated_rate(self._rate, job.longest_s, job.needs.units)
             self._dispatch_locked()
             self._lock.notify_all()
 
@@ -517,23 +511,24 @@ class TunedExecutor(DiffusionExecutor):
         conn = self._conns[rank]
         while True:
             try:
-                msg = pickle.loads(conn.recv_bytes())
+                msg = protocol.recv(conn)
             except (EOFError, OSError):
                 return
             except Exception:
                 logger.exception("omni-ext: bad message from worker %d", rank)
                 continue
-            if msg[0] == "done":
-                _, job_id, _rank, out, owner, seconds = msg
-                self._on_done(rank, job_id, out, owner, seconds)
-            elif msg[0] == "rpc":
-                _, rpc_id, _r, ok, result = msg
-                with self._lock:
-                    if self._busy.get(rank) == rpc_id:
-                        self._busy[rank] = None
-                    if rpc_id in self._rpc_replies:
-                        self._rpc_replies[rpc_id][rank] = (ok, result)
-                    self._lock.notify_all()
+            if isinstance(msg, protocol.JobDone):
+                self._on_done(rank, msg)
+            elif isinstance(msg, protocol.RpcResult):
+                self._on_rpc_result(rank, msg)
+
+    def _on_rpc_result(self, rank: int, reply: protocol.RpcResult) -> None:
+        with self._lock:
+            if self._busy.get(rank) == reply.rpc_id:
+                self._busy[rank] = None
+            if reply.rpc_id in self._rpc_replies:
+                self._rpc_replies[reply.rpc_id][rank] = (reply.ok, reply.result)
+            self._lock.notify_all()
 
     def _monitor(self) -> None:
         sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}

@@ -2,34 +2,26 @@
 
 Each process builds ``current_omni_platform.get_diffusion_worker_cls()`` through vLLM-Omni's
 ``WorkerWrapperBase`` (device, torch.distributed world, CFG/DP groups, model load: all stock), after
-registering the tuned pipeline classes in this process only. It then serves messages from the
-executor, one at a time:
-
-- ``("job", job_id, request, mode, cfg_size, seq)``: run one request (``mode`` "pair" or "single",
-  see :mod:`omni_ext.executor.role`; ``seq`` is what the executor writes into this rank's
-  ``cancel_slots`` entry to stop it) and answer ``("done", job_id, rank, output_or_None, owner, seconds)``;
-- ``("rpc", rpc_id, method, args, kwargs)``: call a worker method, answer ``("rpc", rpc_id, rank, ok, result)``;
-- ``("shutdown",)``.
-
-Messages are pickled with the standard pickler (``send_bytes``): tensors travel by value, never as
-torch shared-memory handles that die with the sender.
+registering the tuned pipeline classes in this process only. It then serves the executor's
+messages (:mod:`omni_ext.executor.protocol`) one at a time: a :class:`~protocol.RunJob` is answered
+with a :class:`~protocol.JobDone`, a :class:`~protocol.CallRpc` with a :class:`~protocol.RpcResult`,
+and :class:`~protocol.Shutdown` ends the loop.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 import signal
 import time
 import traceback
 from typing import Any
 
+from omni_ext.executor import protocol
+from omni_ext.executor.role import NO_JOB, ROLE, set_role
+from omni_ext.scheduler.placement import JobMode
+
 logger = logging.getLogger("omni_ext.executor")
-
-
-def _send(conn, obj: Any) -> None:
-    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
@@ -51,20 +43,16 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
     set_death_signal(signal.SIGTERM)  # die with the engine process
 
     from vllm.utils.import_utils import resolve_obj_by_qualname
-    from vllm_omni.diffusion.data import DiffusionOutput
     from vllm_omni.diffusion.worker.diffusion_worker import WorkerWrapperBase
     from vllm_omni.platforms import current_omni_platform
     from vllm_omni.plugins import load_omni_general_plugins
 
     from omni_ext.executor.pipelines import register_tuned_pipelines
-    from omni_ext.executor.role import ROLE, set_role
 
-    ROLE.rank, ROLE.cancel_slots = rank, cancel_slots
-
-    from omni_ext.patches import apply_patches
-
+    # Before the plugins load: omni-ext's activation then applies the patches of the
+    # "tuned-worker" role in this process (e.g. tuned-worker-skip-empty-kv-receive).
+    ROLE.rank, ROLE.cancel_slots, ROLE.tuned_worker = rank, cancel_slots, True
     load_omni_general_plugins()
-    apply_patches(roles={"tuned-worker"})  # e.g. tuned-worker-skip-empty-kv-receive (registry)
     register_tuned_pipelines()
     try:
         worker = WorkerWrapperBase(
@@ -75,36 +63,18 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
             custom_pipeline_args=getattr(od_config, "custom_pipeline_args", None),
         )
     except BaseException as exc:
-        _send(conn, ("failed", rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        protocol.send(conn, protocol.StartFailed(rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         raise
-    _send(conn, ("ready", rank, os.getpid()))
+    protocol.send(conn, protocol.Ready(rank, os.getpid()))
     try:
         while True:
-            msg = pickle.loads(conn.recv_bytes())
-            kind = msg[0]
-            if kind == "shutdown":
+            msg = protocol.recv(conn)
+            if isinstance(msg, protocol.Shutdown):
                 break
-            if kind == "job":
-                _, job_id, req, mode, cfg_size, seq = msg
-                set_role(mode, cfg_rank=rank % cfg_size if mode == "pair" else 0, cfg_size=cfg_size, seq=seq)
-                t0 = time.perf_counter()
-                try:
-                    out = worker.execute_model(req, od_config)
-                except Exception as exc:
-                    logger.exception("omni-ext worker %d: request %s failed", rank, getattr(req, "request_id", job_id))
-                    out = DiffusionOutput(error=f"{type(exc).__name__}: {exc}")
-                    ROLE.owner = True  # report the error from every rank that saw it
-                owner = ROLE.owner if mode == "pair" else True
-                set_role("none")
-                _send(conn, ("done", job_id, rank, out if owner else None, owner, time.perf_counter() - t0))
-            elif kind == "rpc":
-                _, rpc_id, method, args, kwargs = msg
-                try:
-                    result = worker.execute_method(method, *args, **(kwargs or {}))
-                    _send(conn, ("rpc", rpc_id, rank, True, result))
-                except Exception as exc:
-                    logger.exception("omni-ext worker %d: rpc %s failed", rank, method)
-                    _send(conn, ("rpc", rpc_id, rank, False, f"{type(exc).__name__}: {exc}"))
+            if isinstance(msg, protocol.RunJob):
+                protocol.send(conn, _run_job(worker, od_config, rank, msg))
+            elif isinstance(msg, protocol.CallRpc):
+                _call(conn, worker, rank, msg)
     except (EOFError, OSError):
         pass  # the executor went away
     except SystemExit:
@@ -114,3 +84,32 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
             worker.shutdown()
         except Exception as exc:  # pragma: no cover
             logger.warning("omni-ext worker %d: shutdown error: %s", rank, exc)
+
+
+def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> protocol.JobDone:
+    """Run one request in the role the executor gave this rank; an exception becomes an error output."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    pair = job.mode == JobMode.PAIR
+    set_role(job.mode, cfg_rank=rank % job.cfg_size if pair else 0, cfg_size=job.cfg_size, seq=job.seq)
+    t0 = time.perf_counter()
+    try:
+        out = worker.execute_model(job.req, od_config)
+    except Exception as exc:
+        logger.exception("omni-ext worker %d: request %s failed", rank, getattr(job.req, "request_id", job.job_id))
+        out = DiffusionOutput(error=f"{type(exc).__name__}: {exc}")
+        ROLE.owner = True  # report the error from every rank that saw it
+    owner = ROLE.owner if pair else True
+    set_role(NO_JOB)
+    return protocol.JobDone(job.job_id, rank, out if owner else None, owner, time.perf_counter() - t0)
+
+
+def _call(conn: Any, worker: Any, rank: int, call: protocol.CallRpc) -> None:
+    """Call one worker method and answer; an exception (also one sending the result) is answered
+    as a failed call."""
+    try:
+        result = worker.execute_method(call.method, *call.args, **(call.kwargs or {}))
+        protocol.send(conn, protocol.RpcResult(call.rpc_id, rank, True, result))
+    except Exception as exc:
+        logger.exception("omni-ext worker %d: rpc %s failed", rank, call.method)
+        protocol.send(conn, protocol.RpcResult(call.rpc_id, rank, False, f"{type(exc).__name__}: {exc}"))

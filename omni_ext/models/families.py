@@ -7,7 +7,7 @@ plus its tests.
 
 A pipeline class is the ``_class_name`` of a diffusers ``model_index.json`` (what vLLM-Omni
 calls the model architecture, ``od_config.model_class_name``). This module imports nothing from
-vLLM or vLLM-Omni: the executor policy and the scheduler use it in pure code.
+vLLM or vLLM-Omni: the scheduler and the tuned executor use it in pure code.
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""Which queued job starts now, on which worker ranks, and how: the TunedExecutor's placement rules.
+
+Pure decisions on plain data (no vLLM import), so that every rule is unit-tested
+(``tests/test_scheduler.py``); the executor calls :func:`next_placements` under its lock each
+time the queue or the set of free ranks changes, and only carries the answer out.
+
+Rules, in queue order:
+
+1. FIFO, no overtaking: the first job that cannot start now stops the scan, so a job that needs a
+   whole CFG group is never starved by smaller jobs queued after it.
+2. A :attr:`JobMode.PAIR` job (both guidance branches, on a cfg-2 layout) takes the first CFG
+   group whose ranks are all free; each rank runs one branch.
+3. A :attr:`JobMode.SINGLE` job takes one free rank, preferring a rank whose group partner is
+   busy, so that whole groups stay free for pair jobs (ties: the lowest rank). A cfg-2 group thus
+   serves two CFG-free requests at once.
+4. A :attr:`JobMode.ALL_RANKS` job (vLLM-Omni's start-up warm-up) waits until every rank is free
+   and runs on each of them alone, so every worker is warm before the first real request.
+5. While the executor holds dispatch (a control-plane RPC waits for every rank to be idle),
+   nothing starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, Protocol, TypeVar
+
+
+class JobMode(str, Enum):
+    """How a job uses the ranks of the layout (a ``str``, so it travels and compares as its value)."""
+
+    PAIR = "pair"  # one whole CFG group, one guidance branch per rank
+    SINGLE = "single"  # one rank, all of the request on it (no collectives)
+    ALL_RANKS = "all-ranks"  # every rank, each running the whole request alone (warm-up)
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def rank_mode(self) -> JobMode:
+        """How each rank the job is placed on runs it: what the worker is told."""
+        return JobMode.SINGLE if self is JobMode.ALL_RANKS else self
+
+    @classmethod
+    def for_request(cls, *, needs_cfg: bool, group_size: int, warm_up: bool = False) -> JobMode:
+        """The mode of a request: ``needs_cfg`` (it runs both guidance branches), the layout's CFG
+        group size, and whether it is the engine's warm-up (only a CFG-free warm-up runs on all ranks).
+        """
+        if warm_up and not needs_cfg:
+            return cls.ALL_RANKS
+        if needs_cfg and group_size == 2:
+            return cls.PAIR
+        return cls.SINGLE
+
+
+@dataclass(frozen=True)
+class JobNeeds:
+    """What placement knows of a queued job: its mode, and its expected cost (abstract units of
+    :func:`omni_ext.models.families.cost_units`, for time limits and later cost-aware ordering)."""
+
+    mode: JobMode
+    units: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", JobMode(self.mode))  # accept the plain value too
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The worker ranks as CFG groups: group ``g`` of a regular layout is ranks ``[g*size, (g+1)*size)``,
+    vLLM-Omni's own CFG process groups."""
+
+    groups: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def regular(cls, num_groups: int, group_size: int) -> Layout:
+        return cls(tuple(tuple(range(g * group_size, (g + 1) * group_size)) for g in range(num_groups)))
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(r for g in self.groups for r in g)
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        return next(g for g in self.groups if rank in g)
+
+
+class Queued(Protocol):
+    """A queued job as placement sees it (the executor's job objects)."""
+
+    @property
+    def needs(self) -> JobNeeds: ...
+
+
+J = TypeVar("J", bound=Queued)
+
+
+@dataclass(frozen=True)
+class Start(Generic[J]):
+    """Start ``job`` on ``ranks``; ``mode`` is how each of those ranks runs it (PAIR or SINGLE)."""
+
+    job: J
+    ranks: tuple[int, ...]
+    mode: JobMode
+
+
+def next_placements(
+    pending: Iterable[J], free_ranks: Iterable[int], layout: Layout, *, hold: bool = False
+) -> list[Start[J]]:
+    """The jobs to start now, in order (a prefix of ``pending``), each with its ranks (see the rules
+    in the module docstring). ``hold``: start nothing."""
+    if hold:
+        return []
+    free = set(free_ranks)
+    starts: list[Start[J]] = []
+    for job in pending:
+        ranks = _ranks_for(job.needs.mode, free, layout)
+        if ranks is None:
+            break  # FIFO: later jobs wait for this one
+        free.difference_update(ranks)
+        starts.append(Start(job, ranks, job.needs.mode.rank_mode))
+    return starts
+
+
+def _ranks_for(mode: JobMode, free: set[int], layout: Layout) -> tuple[int, ...] | None:
+    if mode is JobMode.ALL_RANKS:
+        return layout.ranks if free.issuperset(layout.ranks) else None
+    if mode is JobMode.PAIR:
+        return next((g for g in layout.groups if free.issuperset(g)), None)
+    if not free:
+        return None
+
+    def free_in_group(rank: int) -> tuple[int, int]:
+        return (sum(1 for r in layout.group_of(rank) if r in free), rank)
+
+    return (min(free, key=free_in_group),)
