@@ -34,12 +34,42 @@ def _cmd_patches_list(args: argparse.Namespace) -> int:
     for r in rows:
         state = "applies" if r["active_for_installed"] else "skipped on this version"
         print(f"\n{r['name']}  [{state}; vLLM-Omni {r['versions']}; processes: {r['where']}]")
-        print(f"  target : {r['target']}")
+        first, *more = (t.strip() for t in r["target"].split(", "))
+        print(f"  target : {first}")
+        for target in more:
+            print(f"           {target}")
         print(f"  why    : {r['why']}")
         print(f"  diff   : {r['diff']}")
         print(f"  test   : {r['test']}")
         print(f"  removal: {r['removal']}")
     return 0
+
+
+def _cmd_patches_couplings(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from omni_ext.patches import omni_version
+    from omni_ext.patches.couplings import COUPLINGS, problem
+
+    version = omni_version()
+    rows = [asdict(c) for c in COUPLINGS]
+    if args.check:
+        import contextlib
+
+        with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout as it loads: keep --json clean
+            for row, c in zip(rows, COUPLINGS):
+                row["problem"] = problem(c) if version else "vllm-omni is not installed"
+    if args.json:
+        print(json.dumps({"vllm_omni": version, "couplings": rows}, indent=2))
+    else:
+        print(f"vLLM-Omni installed: {version or 'not installed'}")
+        for r in rows:
+            state = "" if not args.check else "; BROKEN" if r["problem"] else "; ok"
+            print(f"\n{r['name']}  [{r['kind']}; vLLM-Omni {r['versions']}; used in {r['used_in']}{state}]")
+            print(f"  why    : {r['why']}")
+            if args.check and r["problem"]:
+                print(f"  problem: {r['problem']}")
+    return 1 if args.check and any(r["problem"] for r in rows) else 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -83,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl = psub.add_parser("list", help="list registered patches")
     pl.add_argument("--json", action="store_true")
     pl.set_defaults(func=_cmd_patches_list)
+    pc = psub.add_parser("couplings", help="private vLLM-Omni names omni-ext uses without patching them")
+    pc.add_argument("--json", action="store_true")
+    pc.add_argument("--check", action="store_true", help="resolve each against the installed vLLM-Omni; exit 1 if one is broken")
+    pc.set_defaults(func=_cmd_patches_couplings)
 
     p = sub.add_parser("info", help="versions, platform decision and registered entry points")
     p.set_defaults(func=_cmd_info)

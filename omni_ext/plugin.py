@@ -41,7 +41,9 @@ def _activate(side: str) -> dict[str, object]:
     """Activate omni-ext in this process (idempotent); log once, and again only if something changed.
 
     Called from both entry-point groups: in the API process the first call can come before
-    vLLM-Omni's HTTP module is imported, so API-side patches are picked up on the later call.
+    vLLM-Omni's HTTP module is imported, so API-side patches are picked up on the later call. In a
+    TunedExecutor worker the call comes after the worker marked itself (``ROLE.tuned_worker``), so
+    the ``tuned-worker`` patches apply there (:func:`omni_ext.patches.process_roles`).
     """
     global _ACTIVE
     from omni_ext.patches import apply_patches

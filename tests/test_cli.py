@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from omni_ext.patches import PATCHES
+from omni_ext.patches.couplings import COUPLINGS
 from omni_ext.startup import check_model, serve_model_arg
 
 
@@ -31,7 +32,20 @@ def test_patches_list_json_is_the_registry() -> None:
 def test_patches_list_text_names_every_patch() -> None:
     out = run_cli("patches", "list")
     for p in PATCHES:
-        assert p.name in out and p.target in out and p.diff in out
+        assert p.name in out and p.diff in out
+        assert all(target in out for target in p.targets), p.targets
+    assert "vllm_omni.entrypoints.openai.api_server:omni_init_app_state" in out  # openai-routes replaces both
+
+
+def test_patches_couplings_json_is_the_registry_and_holds() -> None:
+    out = json.loads(run_cli("patches", "couplings", "--json", "--check"))
+    assert out["vllm_omni"] == "0.30.0"
+    assert [{k: v for k, v in row.items() if k != "problem"} for row in out["couplings"]] == [
+        json.loads(json.dumps(asdict(c))) for c in COUPLINGS
+    ]
+    assert [row["problem"] for row in out["couplings"]] == [None] * len(COUPLINGS)
+    text = run_cli("patches", "couplings")
+    assert all(c.name in text for c in COUPLINGS)
 
 
 def test_info_shows_entry_points() -> None:

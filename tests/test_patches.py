@@ -32,11 +32,8 @@ def test_registry_entry_is_complete(patch: reg.Patch) -> None:
     assert (ROOT / patch.diff).is_file()
     test_file, _, test_name = patch.test.partition("::")
     assert f"def {test_name}(" in (ROOT / test_file).read_text(), patch.test
-    for target in patch.target.split(", "):
-        module, _, qual = target.partition(":")
-        obj = __import__(module, fromlist=["x"])
-        for part in qual.split("."):
-            obj = getattr(obj, part)  # the target exists in the installed vLLM-Omni
+    for target in patch.targets:
+        reg.resolve(target)  # the target exists in the installed vLLM-Omni
     assert reg.omni_version() and patch.applies_to(reg.omni_version())
 
 
@@ -72,7 +69,7 @@ def test_matching_version_applies_once_and_role_filter(monkeypatch: pytest.Monke
     hits: list[int] = []
     import omni_ext.patches as mod
 
-    monkeypatch.setattr(mod, "_resolve", lambda q: (lambda: hits.append(1)))
+    monkeypatch.setattr(mod, "resolve", lambda q: (lambda: hits.append(1)))
     api_only = replace(reg.PATCHES[0], name="api-probe", where="api", versions="==0.30.0")
     state = reg.PatchState()
     assert reg.apply_patches({"worker"}, patches=(api_only,), version="0.30.0", state=state) == {}
@@ -86,6 +83,91 @@ def test_disable_env(monkeypatch: pytest.MonkeyPatch) -> None:
     probe = replace(reg.PATCHES[0], name="probe", apply="builtins:print")
     out = reg.apply_patches({"worker"}, patches=(probe,), version="0.30.0", state=reg.PatchState())
     assert out["probe"].startswith("skipped: disabled")
+
+
+def test_process_roles_reads_the_tuned_worker_flag_without_importing_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from omni_ext.executor.role import Role
+
+    assert Role().tuned_worker is False  # the field the TunedExecutor worker sets
+    monkeypatch.delitem(sys.modules, reg.ROLE_MODULE, raising=False)
+    assert "tuned-worker" not in reg.process_roles()
+    assert reg.ROLE_MODULE not in sys.modules  # read, never imported
+    fake = SimpleNamespace(ROLE=SimpleNamespace(tuned_worker=False))
+    monkeypatch.setitem(sys.modules, reg.ROLE_MODULE, fake)
+    assert "tuned-worker" not in reg.process_roles()
+    fake.ROLE.tuned_worker = True
+    assert {"worker", "tuned-worker"} <= reg.process_roles()
+    hits: list[str] = []
+    monkeypatch.setattr(reg, "resolve", lambda q: (lambda: hits.append(q)))
+    tuned = replace(reg.PATCHES[0], name="tuned-probe", where="tuned-worker")
+    assert reg.apply_patches(patches=(tuned,), version="0.30.0", state=reg.PatchState()) == {"tuned-probe": "applied"}
+    assert hits == [tuned.apply]
+
+
+_PLUGIN_PATH = """
+import json, sys
+{flag}
+from vllm_omni.plugins import load_omni_general_plugins
+from vllm_omni.diffusion.worker.diffusion_model_runner import DiffusionModelRunner
+from omni_ext.patches import _STATE, is_patched
+load_omni_general_plugins()  # as the TunedExecutor worker does, after setting the flag
+print(json.dumps({{"applied": _STATE.applied, "runner_patched": is_patched(DiffusionModelRunner.__init__)}}))
+"""
+
+
+@pytest.mark.parametrize("tuned", [True, False], ids=["tuned-worker", "other-worker"])
+def test_plugin_activation_applies_tuned_worker_patches_only_when_flagged(tuned: bool) -> None:
+    """vLLM-Omni's general-plugin entry point (register_omni -> _activate -> apply_patches) applies the
+    tuned-worker patches in a process that set ROLE.tuned_worker first, and only there."""
+    import json
+    import sys
+
+    flag = "from omni_ext.executor.role import ROLE; ROLE.tuned_worker = True" if tuned else ""
+    proc = subprocess.run([sys.executable, "-c", _PLUGIN_PATH.format(flag=flag)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    tuned_patches = {p.name for p in reg.PATCHES if p.where == "tuned-worker"}
+    assert tuned_patches
+    if tuned:
+        assert all(out["applied"].get(n) == "applied" for n in tuned_patches), out
+    else:
+        assert not tuned_patches & set(out["applied"]), out
+    assert out["runner_patched"] is tuned
+
+
+def test_patch_attr_replaces_once_and_keeps_the_stock_object() -> None:
+    class Owner:
+        def f(self) -> str:
+            return "stock"
+
+    stock = Owner.f
+
+    def make():
+        original = Owner.f
+
+        def f(self) -> str:
+            return "patched+" + original(self)
+
+        return f
+
+    assert reg.patch_attr(Owner, "f", make()) is True
+    assert reg.patch_attr(Owner, "f", make()) is False  # a second apply does not wrap twice
+    assert Owner().f() == "patched+stock"
+    assert reg.is_patched(Owner.f) and Owner.f.__wrapped__ is stock and not reg.is_patched(stock)
+
+
+def test_multi_target_patches_name_every_object_they_replace() -> None:
+    by_name = {p.name: p for p in reg.PATCHES}
+    assert by_name["openai-routes"].targets == (
+        "vllm_omni.entrypoints.openai.api_server:router",
+        "vllm_omni.entrypoints.openai.api_server:omni_init_app_state",
+    )
+    from omni_ext.models.families import cancellable_classes
+
+    assert by_name["cancel-at-step"].targets == cancellable_classes()
 
 
 def _fake_worker() -> SimpleNamespace:

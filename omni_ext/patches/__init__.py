@@ -4,20 +4,25 @@ Every monkeypatch omni-ext makes is one :class:`Patch` entry in :data:`PATCHES`.
 read by the code that applies patches (:func:`apply_patches`), by ``omni-ext patches list`` and by
 the tests, so what is documented is what runs. Each entry says:
 
-- ``target``: the exact object replaced, ``module:Qualified.name``;
+- ``target``: the exact object replaced, ``module:Qualified.name``; a patch that replaces several
+  lists them all, separated by ``", "`` (:attr:`Patch.targets`);
 - ``why``: the bug or gap, with the symptom an operator would see;
 - ``versions``: the vLLM-Omni versions (PEP 440 specifier) the patch was written and tested for.
   On any other version it is skipped with one warning: upstream may have fixed or moved the code;
 - ``where``: which processes need it: ``worker`` (every process that may host a diffusion worker;
   cheap to apply anywhere), ``api`` (only the process serving HTTP) or ``tuned-worker`` (only the
-  worker processes of omni-ext's TunedExecutor, which apply it themselves);
+  worker processes of omni-ext's TunedExecutor); :func:`process_roles` tells which apply here;
 - ``diff``: the same fix as an upstreamable unified diff under ``patches/`` (checked by a test to
   still apply to the installed vLLM-Omni source);
 - ``test``: the test that shows the bug without the patch;
 - ``removal``: when the patch can go.
 
 Patches are applied once per process, idempotently, and logged once. An operator can switch one off
-with ``OMNI_EXT_DISABLE_PATCHES=name[,name]`` (or ``all``).
+with ``OMNI_EXT_DISABLE_PATCHES=name[,name]`` (or ``all``). Patch bodies replace objects through
+:func:`patch_attr`, which marks each replacement so that applying a body twice never wraps twice.
+
+The other private names of vLLM-Omni that omni-ext relies on without replacing them are declared
+beside this registry, in :mod:`omni_ext.patches.couplings`.
 """
 
 from __future__ import annotations
@@ -26,15 +31,21 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import sys
+import types
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, TypeVar
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from omni_ext.models.families import cancellable_classes
+
 logger = logging.getLogger("omni_ext.patches")
 
 DISABLE_ENV = "OMNI_EXT_DISABLE_PATCHES"
+API_SERVER_MODULE = "vllm_omni.entrypoints.openai.api_server"  # loaded only in the process serving HTTP
+ROLE_MODULE = "omni_ext.executor.role"  # its ROLE.tuned_worker marks a TunedExecutor worker process
 
 
 @dataclass(frozen=True)
@@ -53,6 +64,11 @@ class Patch:
 
     def applies_to(self, version: str) -> bool:
         return Version(version) in SpecifierSet(self.versions)
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """Every object the patch replaces (``target`` lists them separated by ``", "``)."""
+        return tuple(t.strip() for t in self.target.split(", "))
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -96,7 +112,10 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         name="step-progress",
-        target="vllm_omni.diffusion.models.progress_bar:ProgressBarMixin.progress_bar",
+        target=(
+            "vllm_omni.diffusion.models.progress_bar:ProgressBarMixin.progress_bar, "
+            "vllm_omni.diffusion.worker.diffusion_model_runner:DiffusionModelRunner._execute_request_list"
+        ),
         why=(
             "vLLM-Omni has no per-step progress path to HTTP: GET /v1/videos/{id} reports progress 0 "
             "until it jumps to 100, so clients cannot tell a 3-minute video from a hung one. The "
@@ -114,7 +133,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         name="cancel-at-step",
-        target="vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
+        target=", ".join(cancellable_classes()),
         why=(
             "Deleting a running video job aborts the request in the engine, but Wan and Qwen-Image do not "
             "opt into vLLM-Omni's cooperative cancellation, so the workers keep denoising to the last "
@@ -128,11 +147,17 @@ PATCHES: tuple[Patch, ...] = (
         removal="Drop once the pipelines set supports_request_cancellation upstream (diff ready).",
         upstream="not yet filed; patches/0006-wan-qwen-image-cooperative-cancellation.diff is ready to send",
         apply="omni_ext.patches.step_progress:apply_cancellation",
-        notes="Sets supports_request_cancellation on Wan22Pipeline and QwenImagePipeline.",
+        notes=(
+            "Sets supports_request_cancellation on the vLLM-Omni class of every family marked cancellable "
+            "in omni_ext.models.families (Wan22Pipeline and QwenImagePipeline)."
+        ),
     ),
     Patch(
         name="openai-routes",
-        target="vllm_omni.entrypoints.openai.api_server:router",
+        target=(
+            "vllm_omni.entrypoints.openai.api_server:router, "
+            "vllm_omni.entrypoints.openai.api_server:omni_init_app_state"
+        ),
         why=(
             "vLLM-Omni has no hook for routes, and its /v1/videos accepts only multipart (OpenAI SDKs "
             "before 2.27 send JSON), keeps jobs in memory (a restart loses them), reports no progress "
@@ -267,18 +292,29 @@ def _disabled(environ: dict[str, str] | None = None) -> set[str]:
     return {x.strip() for x in raw.split(",") if x.strip()}
 
 
-def _resolve(qualname: str) -> Callable[[], None]:
-    module, _, attr = qualname.partition(":")
-    return getattr(importlib.import_module(module), attr)
+def resolve(qualname: str) -> Any:
+    """The object named ``module:Qualified.name`` (imports the module)."""
+    module, _, qual = qualname.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def process_roles() -> set[str]:
-    """Roles of this process: always ``worker``; ``api`` when vLLM-Omni's HTTP server is loaded here."""
-    import sys
+    """Roles of this process: always ``worker``; ``api`` when vLLM-Omni's HTTP server is loaded here;
+    ``tuned-worker`` in a worker process of omni-ext's TunedExecutor.
 
+    A TunedExecutor worker sets ``omni_ext.executor.role.ROLE.tuned_worker`` before vLLM-Omni loads
+    its general plugins, whose activation (:func:`omni_ext.plugin.register_omni`) then applies the
+    ``tuned-worker`` patches. The flag is read through ``sys.modules``: the registry imports nothing
+    from the executor.
+    """
     roles = {"worker"}
-    if "vllm_omni.entrypoints.openai.api_server" in sys.modules:
+    if API_SERVER_MODULE in sys.modules:
         roles.add("api")
+    if getattr(getattr(sys.modules.get(ROLE_MODULE), "ROLE", None), "tuned_worker", False):
+        roles.add("tuned-worker")
     return roles
 
 
@@ -325,7 +361,7 @@ def apply_patches(
                     p.diff,
                 )
         else:
-            _resolve(p.apply)()
+            resolve(p.apply)()
             result = "applied"
             logger.debug("omni-ext patch %s applied to %s", p.name, p.target)
         st.applied[p.name] = result
@@ -333,6 +369,36 @@ def apply_patches(
     return outcome
 
 
-def applied_patches() -> dict[str, str]:
-    """What this process has done with each patch so far."""
-    return dict(_STATE.applied)
+# --------------------------------------------------------------------------------------------------
+# For patch bodies: replace an object once, however often the body runs
+# --------------------------------------------------------------------------------------------------
+MARK = "_omni_ext_patched"
+
+_T = TypeVar("_T")
+
+
+def is_patched(obj: object) -> bool:
+    """Whether ``obj`` is one of omni-ext's replacements (or an object a patch body already changed)."""
+    return bool(getattr(obj, MARK, False))
+
+
+def mark(obj: _T) -> _T:
+    """Mark ``obj`` as patched by omni-ext (see :func:`is_patched`); returns it."""
+    setattr(obj, MARK, True)
+    return obj
+
+
+def patch_attr(owner: object, name: str, new: object) -> bool:
+    """``owner.name = new``, marked as omni-ext's, unless ``owner.name`` already is (then nothing).
+
+    The registry applies each patch once per process; this keeps a body idempotent when it is called
+    directly too (tests do). A function replacing a function gets ``__wrapped__`` (the stock one)
+    unless it has one already (``functools.wraps``). Returns whether ``owner.name`` was replaced.
+    """
+    current = getattr(owner, name, None)
+    if is_patched(current):
+        return False
+    if isinstance(new, types.FunctionType) and callable(current) and not hasattr(new, "__wrapped__"):
+        new.__wrapped__ = current  # type: ignore[attr-defined]
+    setattr(owner, name, mark(new))
+    return True

@@ -11,9 +11,9 @@ import logging
 
 import torch
 
-logger = logging.getLogger("omni_ext.patches")
+from omni_ext.patches import patch_attr
 
-_MARK = "_omni_ext_patched"
+logger = logging.getLogger("omni_ext.patches")
 
 
 def _cpu_output_loop(self) -> None:
@@ -50,15 +50,11 @@ def apply() -> None:
     from vllm_omni.diffusion.worker.diffusion_worker import WorkerProc
 
     original = WorkerProc._async_output_loop
-    if getattr(original, _MARK, False):
-        return
 
     def _async_output_loop(self) -> None:
         if torch.accelerator.current_accelerator() is None:
             return _cpu_output_loop(self)
         return original(self)
 
-    setattr(_async_output_loop, _MARK, True)
-    _async_output_loop.__wrapped__ = original  # type: ignore[attr-defined]
     _async_output_loop.__doc__ = original.__doc__
-    WorkerProc._async_output_loop = _async_output_loop
+    patch_attr(WorkerProc, "_async_output_loop", _async_output_loop)

@@ -6,7 +6,7 @@ cannot read (``error.message`` is missing). Same check, same status (401), OpenA
 
 from __future__ import annotations
 
-_MARK = "_omni_ext_patched"
+from omni_ext.patches import patch_attr
 
 
 def apply() -> None:
@@ -15,8 +15,6 @@ def apply() -> None:
     from vllm.entrypoints.serve.middleware import authenticate as auth
 
     cls = auth.AuthenticationMiddleware
-    if getattr(cls.__call__, _MARK, False):
-        return
 
     def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
@@ -28,5 +26,4 @@ def apply() -> None:
             return JSONResponse(body, status_code=401)(scope, receive, send)
         return self.app(scope, receive, send)
 
-    setattr(__call__, _MARK, True)
-    cls.__call__ = __call__
+    patch_attr(cls, "__call__", __call__)

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger("omni_ext.patches")
+from omni_ext.patches import patch_attr
 
-_MARK = "_omni_ext_patched"
+logger = logging.getLogger("omni_ext.patches")
 
 
 def apply() -> None:
     from vllm_omni.diffusion.diffusion_engine import DiffusionEngine
 
     original = DiffusionEngine.abort
-    if getattr(original, _MARK, False):
-        return
 
     def abort(self, request_id, *args, **kwargs):
         result = original(self, request_id, *args, **kwargs)
@@ -36,6 +34,4 @@ def apply() -> None:
                 logger.exception("omni-ext: executor abort hook failed for %s", ids)
         return result
 
-    setattr(abort, _MARK, True)
-    abort.__wrapped__ = original  # type: ignore[attr-defined]
-    DiffusionEngine.abort = abort
+    patch_attr(DiffusionEngine, "abort", abort)

@@ -29,6 +29,8 @@ import os
 import threading
 from typing import Any
 
+from omni_ext.patches import is_patched, patch_attr
+
 logger = logging.getLogger("omni_ext.patches")
 
 _lock = threading.Lock()
@@ -73,7 +75,6 @@ def _make_stand_in(base: type) -> type:
         """Builds torch's ProcessGroupGloo on this process's shared gloo device (omni-ext patch)."""
 
     ProcessGroupGloo.__wrapped__ = base  # type: ignore[attr-defined]
-    ProcessGroupGloo._omni_ext_patched = True  # type: ignore[attr-defined]
     return ProcessGroupGloo
 
 
@@ -81,9 +82,9 @@ def apply() -> None:
     from torch.distributed import distributed_c10d as c10d
 
     base = getattr(c10d, "ProcessGroupGloo", None)
-    if base is None or getattr(base, "_omni_ext_patched", False):
+    if base is None or is_patched(base):
         return  # torch without gloo, or already patched
     if not (hasattr(base, "_Options") and hasattr(base, "create_default_device")):
         logger.warning("omni-ext patch gloo-shared-device: this torch has no ProcessGroupGloo._Options; not applied")
         return
-    c10d.ProcessGroupGloo = _make_stand_in(base)
+    patch_attr(c10d, "ProcessGroupGloo", _make_stand_in(base))

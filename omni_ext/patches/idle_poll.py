@@ -25,7 +25,8 @@ import os
 import time
 import types
 
-_MARK = "_omni_ext_idle_poll"
+from omni_ext.patches import patch_attr
+
 _POLL_S = 0.001  # the cadence vLLM-Omni polls at when idle
 
 
@@ -59,7 +60,6 @@ def _make_proxy() -> types.ModuleType:
         return await real_sleep(CLOCK.idle_delay(delay), result)
 
     proxy.sleep = sleep
-    setattr(proxy, _MARK, True)
     return proxy
 
 
@@ -67,19 +67,14 @@ def apply() -> None:
     from vllm_omni.engine import orchestrator
     from vllm_omni.entrypoints import async_omni_base
 
-    proxy = None
+    proxy = _make_proxy()
     for module in (orchestrator, async_omni_base):
-        if getattr(module.asyncio, _MARK, False):
-            continue
-        proxy = proxy or _make_proxy()
-        module.asyncio = proxy
+        patch_attr(module, "asyncio", proxy)
 
     # A poll that finds an output is activity even when the loop does not sleep(0) afterwards.
     from vllm_omni.engine.stage_pool import StagePool
 
     original = StagePool.poll_diffusion_output
-    if getattr(original, _MARK, False):
-        return
 
     def poll_diffusion_output(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
@@ -87,6 +82,4 @@ def apply() -> None:
             CLOCK.touch()
         return out
 
-    setattr(poll_diffusion_output, _MARK, True)
-    poll_diffusion_output.__wrapped__ = original  # type: ignore[attr-defined]
-    StagePool.poll_diffusion_output = poll_diffusion_output
+    patch_attr(StagePool, "poll_diffusion_output", poll_diffusion_output)

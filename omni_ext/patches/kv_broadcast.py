@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger("omni_ext.patches")
+from omni_ext.patches import patch_attr
 
-_MARK = "_omni_ext_patched"
+logger = logging.getLogger("omni_ext.patches")
 
 
 def nothing_to_receive(manager) -> bool:
@@ -31,8 +31,6 @@ def apply() -> None:
     from vllm_omni.diffusion.worker.diffusion_model_runner import DiffusionModelRunner
 
     original = DiffusionModelRunner.__init__
-    if getattr(original, _MARK, False):
-        return
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
@@ -40,6 +38,4 @@ def apply() -> None:
             self.kv_transfer_manager = None
             logger.info("omni-ext: no KV connector; the per-request empty KV broadcast is skipped")
 
-    setattr(__init__, _MARK, True)
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    DiffusionModelRunner.__init__ = __init__
+    patch_attr(DiffusionModelRunner, "__init__", __init__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-_MARK = "_omni_ext_patched"
+from omni_ext.patches import is_patched, mark, patch_attr
 
 
 def apply() -> None:
@@ -22,7 +22,7 @@ def apply() -> None:
     from omni_ext.api.state import init_state
 
     router = api_server.router
-    if getattr(router, _MARK, False):
+    if is_patched(router):
         return
     for path, methods in REPLACED_ROUTES:
         _remove_route_from_router(router, path, set(methods))
@@ -33,7 +33,7 @@ def apply() -> None:
     if stock_edits is not None:
         _remove_route_from_router(router, "/v1/images/edits", {"POST"})
     router.include_router(build_router(getattr(stock_edits, "app", None)))
-    setattr(router, _MARK, True)
+    mark(router)
 
     original_init = api_server.omni_init_app_state
 
@@ -43,4 +43,4 @@ def apply() -> None:
         init_state(state, args)
         return result
 
-    api_server.omni_init_app_state = omni_init_app_state
+    patch_attr(api_server, "omni_init_app_state", omni_init_app_state)

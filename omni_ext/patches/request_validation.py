@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 
-_MARK = "_omni_ext_patched"
+from omni_ext.patches import patch_attr
 
 
 def _diffusion_params(sampling_params_list) -> list:
@@ -26,8 +26,6 @@ def apply() -> None:
     from omni_ext.api.validation import InvalidRequest, check_sampling_params, limits_for_model
 
     original = AsyncOmni.generate
-    if getattr(original, _MARK, False):
-        return
 
     @functools.wraps(original)
     async def generate(self, *args, **kwargs):
@@ -42,5 +40,4 @@ def apply() -> None:
         async for out in original(self, *args, **kwargs):
             yield out
 
-    setattr(generate, _MARK, True)
-    AsyncOmni.generate = generate
+    patch_attr(AsyncOmni, "generate", generate)

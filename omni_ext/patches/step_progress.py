@@ -23,8 +23,9 @@ import threading
 import time
 from typing import Any
 
+from omni_ext.patches import patch_attr, resolve
+
 logger = logging.getLogger("omni_ext.patches")
-_MARK = "_omni_ext_patched"
 _current = threading.local()
 
 
@@ -77,53 +78,43 @@ def apply() -> None:
     from vllm_omni.diffusion.worker.diffusion_model_runner import DiffusionModelRunner
 
     run = DiffusionModelRunner._execute_request_list
-    if not getattr(run, _MARK, False):
 
-        @functools.wraps(run)
-        def _execute_request_list(self, reqs, *args, **kwargs):
-            _current.ids = [r.request_id for r in reqs if not r.is_dummy_run()]
-            try:
-                return run(self, reqs, *args, **kwargs)
-            finally:
-                _current.ids = []
+    @functools.wraps(run)
+    def _execute_request_list(self, reqs, *args, **kwargs):
+        _current.ids = [r.request_id for r in reqs if not r.is_dummy_run()]
+        try:
+            return run(self, reqs, *args, **kwargs)
+        finally:
+            _current.ids = []
 
-        setattr(_execute_request_list, _MARK, True)
-        DiffusionModelRunner._execute_request_list = _execute_request_list
+    patch_attr(DiffusionModelRunner, "_execute_request_list", _execute_request_list)
 
     bar = pb.ProgressBarMixin.progress_bar
-    if not getattr(bar, _MARK, False):
 
-        @functools.wraps(bar)
-        def progress_bar(self, iterable=None, total=None):
-            inner = bar(self, iterable=iterable, total=total)
-            ids = list(getattr(_current, "ids", []) or [])
-            logger.debug("step-progress: progress bar for %s (total=%s)", ids, total)
-            if not ids:
-                return inner
-            from omni_ext.executor.role import reports_progress
+    @functools.wraps(bar)
+    def progress_bar(self, iterable=None, total=None):
+        inner = bar(self, iterable=iterable, total=total)
+        ids = list(getattr(_current, "ids", []) or [])
+        logger.debug("step-progress: progress bar for %s (total=%s)", ids, total)
+        if not ids:
+            return inner
+        from omni_ext.executor.role import reports_progress
 
-            # Under omni-ext's TunedExecutor the job's lead rank reports (a data-parallel or
-            # single-rank job may run on any rank); otherwise vLLM-Omni's rank 0.
-            report = reports_progress()
-            report = pb._is_rank_zero() if report is None else report
-            return _ReportingBar(inner, total if total is not None else len(iterable), ids, report)
+        # Under omni-ext's TunedExecutor the job's lead rank reports (a data-parallel or
+        # single-rank job may run on any rank); otherwise vLLM-Omni's rank 0.
+        report = reports_progress()
+        report = pb._is_rank_zero() if report is None else report
+        return _ReportingBar(inner, total if total is not None else len(iterable), ids, report)
 
-        setattr(progress_bar, _MARK, True)
-        pb.ProgressBarMixin.progress_bar = progress_bar
-
-
-# Pipelines whose denoise loop reaches a step boundary through the progress bar on every rank.
-CANCELLABLE = (
-    "vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
-    "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline",
-)
+    patch_attr(pb.ProgressBarMixin, "progress_bar", progress_bar)
 
 
 def apply_cancellation() -> None:
-    """Opt Wan and Qwen-Image into vLLM-Omni's cooperative cancellation (checked at every step)."""
-    import importlib
+    """Opt the cancellable families' pipelines (Wan, Qwen-Image) into vLLM-Omni's cooperative
+    cancellation, checked at every step: their denoise loops reach a step boundary through the
+    progress bar on every rank (``omni_ext.models.families``)."""
+    from omni_ext.models.families import cancellable_classes
 
     apply()  # the step boundary itself
-    for qualname in CANCELLABLE:
-        module, _, cls = qualname.partition(":")
-        setattr(getattr(importlib.import_module(module), cls), "supports_request_cancellation", True)
+    for qualname in cancellable_classes():
+        setattr(resolve(qualname), "supports_request_cancellation", True)

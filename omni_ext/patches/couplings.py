@@ -1,0 +1,285 @@
+"""Every private name of vLLM-Omni that omni-ext relies on without patching it: data, checked.
+
+The patch registry (:data:`omni_ext.patches.PATCHES`) lists what omni-ext *replaces*; this list is
+what omni-ext *calls, reads, overrides or matches* among vLLM-Omni's private names (a leading
+``_``, an instance attribute, a literal it sends), and the few public names it reaches in a way
+that would fail silently (a guarded import, a ``getattr`` with a default). Each entry says:
+
+- ``name``: ``module:Qualified.name`` in vLLM-Omni (``module:Class.attr`` for an attribute);
+- ``kind``: ``function``, ``method`` (called or overridden), ``attribute`` (set on instances, e.g.
+  in ``__init__``), ``constant`` (its ``value`` must not change) or ``call`` (vLLM-Omni's code at
+  ``name`` must still contain the text ``value``: a behaviour omni-ext builds on);
+- ``why``: what omni-ext uses it for, and what breaks when it goes;
+- ``used_in``: the omni-ext module(s) that use it (separated by ``", "``), each of which must
+  contain ``token`` (default: the last part of ``name``), so a refactor that moves the use must
+  move the declaration too;
+- ``versions``: the vLLM-Omni versions (PEP 440) it was checked against;
+- ``params``: keyword/parameter names omni-ext passes or reads, which the signature must keep.
+
+``tests/test_couplings.py`` resolves every entry against the installed vLLM-Omni (:func:`problem`),
+so a vLLM-Omni release that renames one fails one clear test instead of a request at run time.
+``omni-ext patches couplings [--json] [--check]`` prints the same list.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+Kind = Literal["function", "method", "attribute", "constant", "call"]
+KINDS: tuple[str, ...] = ("function", "method", "attribute", "constant", "call")
+
+_SERVING_VIDEO = "vllm_omni.entrypoints.openai.serving_video:OmniOpenAIServingVideo"
+_WAN = "vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline"
+_QWEN_IMAGE = "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline"
+_WAN_VAE = "vllm_omni.diffusion.distributed.autoencoders.autoencoder_kl_wan:DistributedAutoencoderKLWan"
+_WORKER_PROC = "vllm_omni.diffusion.worker.diffusion_worker:WorkerProc"
+
+
+@dataclass(frozen=True)
+class Coupling:
+    name: str
+    kind: Kind
+    why: str
+    used_in: str
+    versions: str = "==0.30.0"
+    params: tuple[str, ...] = ()
+    value: str = ""
+    token: str = ""
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The omni-ext modules that use it (``used_in`` lists them separated by ``", "``)."""
+        return tuple(m.strip() for m in self.used_in.split(", "))
+
+    @property
+    def text(self) -> str:
+        """What ``used_in`` must contain for this coupling (``token``, else the name's last part)."""
+        return self.token or self.name.rpartition(":")[2].rpartition(".")[2]
+
+    def applies_to(self, version: str) -> bool:
+        return Version(version) in SpecifierSet(self.versions)
+
+
+def _used_together(why: str, used_in: str, *names: tuple[Any, ...]) -> tuple[Coupling, ...]:
+    """Entries for several names that one omni-ext use needs together (one reason, one place):
+    each ``(name, kind)`` or ``(name, kind, params)``."""
+    return tuple(
+        Coupling(name=n[0], kind=n[1], why=why, used_in=used_in, params=n[2] if len(n) > 2 else ()) for n in names
+    )
+
+
+COUPLINGS: tuple[Coupling, ...] = (
+    # ---- /v1/videos (omni_ext.api.videos) --------------------------------------------------------
+    Coupling(
+        name=f"{_SERVING_VIDEO}._run_and_extract",
+        kind="method",
+        why=(
+            "Runs a video generation exactly as vLLM-Omni's own /v1/videos does (defaults, LoRA, stage "
+            "configs, output extraction); omni-ext adds the job store, progress and off-loop encoding "
+            "around it. Without it every POST /v1/videos answers 503 video_unavailable."
+        ),
+        used_in="omni_ext.api.videos, omni_ext.api.state",
+        params=("reference_image", "on_started"),
+    ),
+    Coupling(
+        name=f"{_SERVING_VIDEO}._resolve_default_sampling_params",
+        kind="method",
+        why=(
+            "The server's configured default sampling params (deploy YAML, --default-sampling-params), so "
+            "a preset's size and frame count apply to requests that name none. Errors are swallowed: a "
+            "rename would silently drop the preset's defaults."
+        ),
+        used_in="omni_ext.api.state",
+    ),
+    Coupling(
+        name=f"{_SERVING_VIDEO}._video_frame_converter",
+        kind="attribute",
+        why=(
+            "vLLM-Omni's planar frame-conversion pool, handed to _encode_video_bytes so omni-ext's MP4s are "
+            "encoded as the stock route's. Read with getattr(..., None): a rename would silently fall back "
+            "to the slower legacy frame path."
+        ),
+        used_in="omni_ext.api.videos",
+    ),
+    Coupling(
+        name="vllm_omni.entrypoints.openai.video_api_utils:_encode_video_bytes",
+        kind="function",
+        why="Encodes the MP4 as the stock route does (codec options, audio mux), in omni-ext's thread pool.",
+        used_in="omni_ext.api.videos",
+        params=("fps", "video_codec_options", "frame_converter", "audio", "audio_sample_rate"),
+    ),
+    # ---- /v1/images (omni_ext.api.images) --------------------------------------------------------
+    *_used_together(
+        "vLLM-Omni's image generation call (stage configs, engine errors) and the extraction of the PIL images "
+        "from its result, so /v1/images/generations generates exactly as the stock route.",
+        "omni_ext.api.images",
+        ("vllm_omni.entrypoints.openai.diffusion:_generate_with_async_omni", "function",
+         ("engine_client", "gen_params", "stage_configs", "prompt", "request_id")),
+        ("vllm_omni.entrypoints.openai.images.helpers:_extract_images_from_result", "function"),
+    ),
+    # ---- tuned pipelines (omni_ext.executor.pipelines) -------------------------------------------
+    *_used_together(
+        "The single-rank and pair CFG steps normalise and slice noise predictions as vLLM-Omni's CFG-parallel step does.",
+        "omni_ext.executor.pipelines",
+        ("vllm_omni.diffusion.distributed.cfg_parallel:_wrap", "function"),
+        ("vllm_omni.diffusion.distributed.cfg_parallel:_slice_pred", "function"),
+    ),
+    *_used_together(
+        "The request's resolved guidance scales (Wan2.2: one per expert): a CFG pair splits text encoding only "
+        "when every step runs CFG.",
+        "omni_ext.executor.pipelines",
+        (f"{_WAN}._guidance_scale", "attribute"),
+        (f"{_WAN}._guidance_scale_2", "attribute"),
+    ),
+    Coupling(
+        name=f"{_WAN_VAE}.decode",
+        kind="method",
+        why=(
+            "Replaced on each Wan pipeline's vae *instance* (vae.decode = ...) in TunedExecutor workers, to "
+            "split the decode between the two CFG ranks (omni_ext.executor.vae_pipeline); the replacement "
+            "keeps decode(z, return_dict)."
+        ),
+        used_in="omni_ext.executor.pipelines",
+        params=("z", "return_dict"),
+        token="vae.decode",
+    ),
+    Coupling(
+        name=_WAN,
+        kind="call",
+        why=(
+            "The instance-level vae.decode replacement takes effect only while the pipeline decodes "
+            "through self.vae.decode (not another decode entry point)."
+        ),
+        used_in="omni_ext.executor.pipelines",
+        value="self.vae.decode(",
+        token="vae.decode",
+    ),
+    Coupling(
+        name=f"{_WAN_VAE}._execution_context",
+        kind="method",
+        why=(
+            "The split VAE decode runs under the VAE's own execution context (dtype, autocast) as the stock "
+            "decode does. Guarded by hasattr: a rename would silently fall back to torch.no_grad()."
+        ),
+        used_in="omni_ext.executor.pipelines",
+    ),
+    *_used_together(
+        "Overridden by TunedQwenImagePipeline: _prepare_generation_context to learn, before encode_prompt runs, "
+        "whether the request runs both CFG branches (split text encoding on a CFG pair); _decode_latents so "
+        "CFG rank 1 of a pair skips the VAE decode (rank 0 returns the image) and is free sooner.",
+        "omni_ext.executor.pipelines",
+        (f"{_QWEN_IMAGE}._prepare_generation_context", "method",
+         ("negative_prompt", "negative_prompt_embeds", "negative_prompt_embeds_mask", "true_cfg_scale")),
+        (f"{_QWEN_IMAGE}._decode_latents", "method", ("latents", "height", "width", "output_type")),
+    ),
+    Coupling(
+        name="vllm_omni.diffusion.distributed.autoencoders.wan_vae_fastpath:is_installed",
+        kind="function",
+        why=(
+            "The split VAE decode reproduces the stock decode and must step aside when vLLM-Omni's CUDA fast "
+            "path is installed on the VAE. Imported under try/except: a rename would silently split a "
+            "fast-path decode."
+        ),
+        used_in="omni_ext.executor.vae_pipeline",
+    ),
+    # ---- TunedExecutor (omni_ext.executor.tuned) -------------------------------------------------
+    Coupling(
+        name="vllm_omni.diffusion.executor.abstract:DiffusionExecutor._init_executor",
+        kind="method",
+        why="The executor's start-up hook (abstract, called by DiffusionExecutor.__init__): TunedExecutor starts its workers there.",
+        used_in="omni_ext.executor.tuned",
+    ),
+    Coupling(
+        name="vllm_omni.diffusion.request:DUMMY_DIFFUSION_REQUEST_ID",
+        kind="constant",
+        why=(
+            "TunedExecutor recognises vLLM-Omni's start-up warm-up request by this request-id prefix and runs "
+            "it on every worker (at 64 px on a CPU host). A new id would warm one worker only, and at full size."
+        ),
+        used_in="omni_ext.executor.tuned",
+        value="dummy_req_id",
+        token='"dummy_req_id"',
+    ),
+    Coupling(
+        name="vllm_omni.diffusion.diffusion_engine:DiffusionEngine._make_dummy_request",
+        kind="call",
+        why="The warm-up request the engine sends at start-up still carries DUMMY_DIFFUSION_REQUEST_ID (see above).",
+        used_in="omni_ext.executor.tuned",
+        value="request_id=DUMMY_DIFFUSION_REQUEST_ID",
+        token='"dummy_req_id"',
+    ),
+    # ---- patch bodies: private names they use besides the objects they replace -------------------
+    Coupling(
+        name="vllm_omni.entrypoints.serve.utils.routes:_remove_route_from_router",
+        kind="function",
+        why="openai-routes removes vLLM-Omni's /v1/videos and /v1/images routes from the module router with it.",
+        used_in="omni_ext.patches.openai_routes",
+        params=("router", "path", "methods"),
+    ),
+    Coupling(
+        name="vllm_omni.diffusion.models.progress_bar:_is_rank_zero",
+        kind="function",
+        why="step-progress: outside the TunedExecutor, the rank that reports progress is vLLM-Omni's rank 0.",
+        used_in="omni_ext.patches.step_progress",
+    ),
+    *_used_together(
+        "The async-output-no-accelerator loop replaces WorkerProc._async_output_loop and must drain the same "
+        "queue, send through the same result channel and count down the same pending counter.",
+        "omni_ext.patches.async_output",
+        (f"{_WORKER_PROC}._async_output_queue", "attribute"),
+        (f"{_WORKER_PROC}._enqueue_result", "method"),
+        (f"{_WORKER_PROC}._async_output_done", "attribute"),
+        (f"{_WORKER_PROC}._async_output_pending", "attribute"),
+    ),
+)
+
+
+def problem(c: Coupling) -> str | None:
+    """Why ``c`` does not hold in the installed vLLM-Omni, or None when it does (imports vLLM-Omni)."""
+    module, _, qual = c.name.partition(":")
+    owner_qual, _, attr = qual.rpartition(".")
+    try:
+        owner: Any = importlib.import_module(module)
+        for part in owner_qual.split(".") if owner_qual else ():
+            owner = getattr(owner, part)
+    except (ImportError, AttributeError) as exc:
+        return f"{module}:{owner_qual or attr} is gone ({type(exc).__name__}: {exc})"
+    if c.kind == "attribute":
+        if hasattr(owner, attr) or any(_assigns(cls, attr) for cls in inspect.getmro(owner)):
+            return None
+        return f"{c.name}: no class attribute and no 'self.{attr} = ...' in {owner.__name__} or its bases"
+    if not hasattr(owner, attr):
+        return f"{c.name} is gone"
+    obj = getattr(owner, attr)
+    if c.kind == "constant":
+        return None if obj == c.value else f"{c.name} is {obj!r}; omni-ext expects {c.value!r}"
+    if c.kind == "call":
+        return None if c.value in inspect.getsource(obj) else f"{c.name} no longer contains {c.value!r}"
+    if not callable(obj):
+        return f"{c.name} is no longer callable ({type(obj).__name__})"
+    return _missing_params(obj, c.params, c.name) if c.params else None
+
+
+def _assigns(cls: type, attr: str) -> bool:
+    """Whether the source of ``cls`` (its own body, not its bases) assigns ``self.<attr>``."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    return re.search(rf"\bself\.{re.escape(attr)}\s*(:[^=\n]*)?=(?!=)", source) is not None
+
+
+def _missing_params(obj: Any, params: tuple[str, ...], name: str) -> str | None:
+    """Which of ``params`` the signature of ``obj`` no longer accepts (``**kwargs`` accepts all)."""
+    sig = inspect.signature(obj)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return None
+    missing = [p for p in params if p not in sig.parameters]
+    return f"{name}{sig} lacks parameter(s) {', '.join(missing)}" if missing else None
