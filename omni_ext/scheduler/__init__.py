@@ -5,8 +5,12 @@ locks and futures. What it decides with them lives here, so that every rule can 
 plain data and the scheduler can grow (cost model, admission, priorities) without touching the
 executor:
 
-- :mod:`omni_ext.scheduler.placement`: which queued job starts now, on which ranks, in which mode;
-- :mod:`omni_ext.scheduler.cost`: what a job is expected to cost in time, and its time limit.
+- :mod:`omni_ext.scheduler.config`: the options (``--additional-config '{"omni_ext": {"scheduler": ...}}'``);
+- :mod:`omni_ext.scheduler.cost`: what a job is expected to cost in time (learned online), what is
+  left of a running one, and its time limit;
+- :mod:`omni_ext.scheduler.order`: which queued job should start first (priority, aging, longest first);
+- :mod:`omni_ext.scheduler.placement`: on which ranks and in which mode (pair, single) it starts;
+- :mod:`omni_ext.scheduler.admission`: predicted start, and 429 with Retry-After past the bound.
 
 What a request costs in abstract units, and whether it runs CFG, is model knowledge and comes
 from :mod:`omni_ext.models.families`.

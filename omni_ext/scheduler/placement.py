@@ -6,10 +6,16 @@ time the queue or the set of free ranks changes, and only carries the answer out
 
 Rules, in queue order:
 
-1. FIFO, no overtaking: the first job that cannot start now stops the scan, so a job that needs a
-   whole CFG group is never starved by smaller jobs queued after it.
-2. A :attr:`JobMode.PAIR` job (both guidance branches, on a cfg-2 layout) takes the first CFG
-   group whose ranks are all free; each rank runs one branch.
+1. Queue order (:mod:`omni_ext.scheduler.order`: priority, aging, longest first), no overtaking:
+   the first job that cannot start now stops the scan, so a job that needs a whole CFG group is
+   never starved by smaller jobs queued after it.
+2. A :attr:`JobMode.PAIR` job (both guidance branches, on a cfg-2 layout) runs as the
+   scheduler's ``cfg_mode`` says: ``"pair"`` takes the first CFG group whose ranks are all free
+   (each rank runs one branch; lowest latency); ``"single"`` takes one rank like rule 3 and runs
+   both branches there; ``"adaptive"`` runs as a pair while the free groups are enough for it and
+   every job queued behind it, and as a single rank once others wait (a pair reaches ~1.45x of
+   one device on a CPU host, two single ranks ~1.8x: under load a pair wastes a quarter of the
+   group). Outputs are the same bytes either way.
 3. A :attr:`JobMode.SINGLE` job takes one free rank, preferring a rank whose group partner is
    busy, so that whole groups stay free for pair jobs (ties: the lowest rank). A cfg-2 group thus
    serves two CFG-free requests at once.
@@ -105,21 +111,38 @@ class Start(Generic[J]):
 
 
 def next_placements(
-    pending: Iterable[J], free_ranks: Iterable[int], layout: Layout, *, hold: bool = False
+    pending: Iterable[J], free_ranks: Iterable[int], layout: Layout, *, hold: bool = False, cfg_mode: str = "pair"
 ) -> list[Start[J]]:
-    """The jobs to start now, in order (a prefix of ``pending``), each with its ranks (see the rules
-    in the module docstring). ``hold``: start nothing."""
+    """The jobs to start now, in order (a prefix of ``pending``, which is already in the order the
+    scheduler wants), each with its ranks and how they run it (see the rules in the module
+    docstring). ``hold``: start nothing."""
     if hold:
         return []
+    queue = list(pending)
     free = set(free_ranks)
     starts: list[Start[J]] = []
-    for job in pending:
-        ranks = _ranks_for(job.needs.mode, free, layout)
+    for i, job in enumerate(queue):
+        mode = _mode_now(job.needs.mode, cfg_mode, waiting=len(queue) - i, free=free, layout=layout)
+        ranks = _ranks_for(mode, free, layout)
         if ranks is None:
-            break  # FIFO: later jobs wait for this one
+            break  # later jobs wait for this one
         free.difference_update(ranks)
-        starts.append(Start(job, ranks, job.needs.mode.rank_mode))
+        starts.append(Start(job, ranks, mode.rank_mode))
     return starts
+
+
+def _whole_free_groups(free: set[int], layout: Layout) -> int:
+    return sum(1 for g in layout.groups if free.issuperset(g))
+
+
+def _mode_now(mode: JobMode, cfg_mode: str, *, waiting: int, free: set[int], layout: Layout) -> JobMode:
+    """How a job placed now runs: a PAIR job becomes SINGLE under ``cfg_mode`` "single", and under
+    "adaptive" when the whole free groups are fewer than the ``waiting`` jobs (it and those behind it)."""
+    if mode is not JobMode.PAIR or cfg_mode == "pair":
+        return mode
+    if cfg_mode == "adaptive" and _whole_free_groups(free, layout) >= waiting:
+        return JobMode.PAIR
+    return JobMode.SINGLE
 
 
 def _ranks_for(mode: JobMode, free: set[int], layout: Layout) -> tuple[int, ...] | None:

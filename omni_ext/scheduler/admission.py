@@ -1,0 +1,117 @@
+"""Admission: predict when a request would start, and refuse it (429) past ``max_wait_s``.
+
+The prediction is list scheduling of the work ahead of the request on the server's ``capacity``
+slots (one slot = one job running at a time: a rank of the TunedExecutor, or the whole server for
+vLLM-Omni's own executor): each running job holds its slot for its predicted remaining time, each
+job ahead in :mod:`omni_ext.scheduler.order` takes the slot that frees first, and the request
+starts when the next slot frees after them. Only jobs that start before it count, so an
+interactive request (priority -1) sent into a full queue of batch work (priority 0) is admitted
+and starts when the first running job ends.
+
+A refused client is told when to come back (``Retry-After``): the time at which the work ahead of
+it, *plus the clients refused before it* (they come back first), has drained to ``max_wait_s``,
+plus a small margin. Remembering those promises is what lets a burst of refused clients come back
+staggered instead of all at once, each admitted on its first retry. Accepted work is never
+dropped: admission only ever refuses a request before a job exists.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from omni_ext.scheduler.config import SchedulerConfig
+from omni_ext.scheduler.order import Ticket, in_order
+
+#: The shortest Retry-After a refused client is given (seconds).
+MIN_RETRY_S = 1.0
+
+
+def predict_start(running_remaining: Sequence[float], ahead: Sequence[float], capacity: int) -> float:
+    """Seconds from now until a new job starts: ``running_remaining`` (one entry per running job)
+    and then ``ahead`` (service seconds of the queued jobs that start before it, in order) are
+    placed greedily on ``capacity`` slots."""
+    capacity = max(1, int(capacity))
+    slots = [0.0] * capacity
+    running = sorted((max(0.0, r) for r in running_remaining), reverse=True)
+    # Running jobs already hold slots; more running jobs than slots (a layout change) queue up.
+    for i, rest in enumerate(running[:capacity]):
+        slots[i] = rest
+    heapq.heapify(slots)
+    for seconds in [*running[capacity:], *ahead]:
+        heapq.heappush(slots, heapq.heappop(slots) + max(0.0, seconds))
+    return slots[0]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``wait_s``: predicted seconds until the request starts if admitted now; ``position``: jobs
+    queued ahead of it; ``retry_after_s``: when a refused client should come back."""
+
+    admitted: bool
+    wait_s: float
+    position: int
+    retry_after_s: float | None = None
+    reason: str = "admitted"  # or "queue_full": the word metrics count refusals by
+
+
+@dataclass(frozen=True)
+class Estimate:
+    position: int
+    start_in_s: float
+
+
+@dataclass
+class _Promise:
+    due: float
+    seconds: float
+
+
+@dataclass
+class Admission:
+    """Admission decisions for one server (pure; the caller passes the clock and its accounting)."""
+
+    config: SchedulerConfig
+    capacity: int = 1
+    promises: list[_Promise] = field(default_factory=list)
+
+    def estimate(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket], ticket: Ticket) -> Estimate:
+        """Queue position and predicted start of ``ticket`` (queued or about to be)."""
+        ordered = in_order([*(q for q in queued if q.id != ticket.id), ticket], now, self.config)
+        index = next(i for i, t in enumerate(ordered) if t is ticket)
+        ahead = [_seconds(t) for t in ordered[:index]]
+        return Estimate(index, predict_start(running_remaining, ahead, self.capacity))
+
+    def decide(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket], new: Ticket) -> Decision:
+        """Admit ``new`` or refuse it with the time to come back (and remember that promise)."""
+        self._expire(now)
+        est = self.estimate(now, running_remaining, queued, new)
+        if est.start_in_s <= self.config.max_wait_s:
+            self._redeem(now)
+            return Decision(True, est.start_in_s, est.position)
+        ordered = in_order([*queued, new], now, self.config)
+        ahead = [_seconds(t) for t in ordered[: est.position]] + [p.seconds for p in self.promises]
+        drained = predict_start(running_remaining, ahead, self.capacity)
+        retry = max(MIN_RETRY_S, drained - self.config.max_wait_s + self.config.margin_s)
+        self.promises.append(_Promise(now + retry, _seconds(new)))
+        return Decision(False, est.start_in_s, est.position, retry_after_s=retry, reason="queue_full")
+
+    def forget_promises(self) -> None:
+        """Capacity changed or the server restarted its accounting: earlier promises no longer hold."""
+        self.promises.clear()
+
+    def _redeem(self, now: float) -> None:
+        """An admitted request that arrives when a promise is due is taken to be that client's retry."""
+        due = [p for p in self.promises if p.due <= now + self.config.margin_s]
+        if due:
+            self.promises.remove(min(due, key=lambda p: p.due))
+
+    def _expire(self, now: float) -> None:
+        """Clients that did not come back within a grace period after their time are forgotten."""
+        grace = max(5.0, 2 * self.config.margin_s)
+        self.promises = [p for p in self.promises if p.due + grace >= now]
+
+
+def _seconds(ticket: Ticket) -> float:
+    return ticket.predicted_s if ticket.predicted_s is not None else 0.0

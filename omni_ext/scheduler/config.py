@@ -1,0 +1,100 @@
+"""The request scheduler's options, read from vLLM-Omni's own channel:
+``--additional-config '{"omni_ext": {"scheduler": {...}}}'`` (or ``additional_config:`` in a deploy
+YAML / a preset). Every option, its default and why that default, in one place; the README's
+scheduler section lists the same table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+CfgMode = Literal["adaptive", "pair", "single"]
+Order = Literal["cost", "fifo"]
+CFG_MODES: tuple[str, ...] = ("adaptive", "pair", "single")
+ORDERS: tuple[str, ...] = ("cost", "fifo")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Options of the request scheduler (all optional).
+
+    ``max_wait_s`` (300): a request whose predicted wait before it starts exceeds this is refused
+    with 429 and a Retry-After. 300 s is half of vLLM-Omni's 600 s ``/v1/videos/sync`` and output
+    time-outs, so an admitted synchronous request still has the other half to run; it is also about
+    one Wan2.1-1.3B 81-frame video on a 910B, so a client is never told "come back" for less
+    than one video's worth of queue.
+    ``aging_s`` (120): every ``aging_s`` a job has waited counts as one step better priority, so
+    later arrivals (of the same priority) overtake a job for at most ``aging_s``, and a job of
+    priority ``p`` is overtaken by a stream of priority ``p - k`` arrivals for at most
+    ``(k + 1) * aging_s``.
+    ``cfg_mode`` ("adaptive"): how a request that runs both CFG branches uses a CFG-2 group:
+    ``"pair"`` both ranks (lowest latency), ``"single"`` one rank with both branches (the group
+    serves two requests), ``"adaptive"`` a pair while the queue behind it fits the free groups,
+    single ranks once others wait.
+    ``order`` ("cost"): ``"cost"`` starts the longest predicted job of the best (aged) priority
+    first, which keeps a burst near its makespan bound whatever the arrival order; ``"fifo"``
+    keeps arrival order within a priority (vLLM-Omni's own order; for comparisons).
+    ``seconds_per_unit`` (None): seed of the cost model (seconds per cost unit) before the server
+    has measured its own jobs; a preset writes it from its cost table.
+    ``retry_margin_s`` (None: 5 % of ``max_wait_s``, at least 0.5 s): added to a Retry-After so
+    that a client that comes back on time finds the queue below the bound despite small errors
+    of the prediction.
+    """
+
+    max_wait_s: float = 300.0
+    aging_s: float = 120.0
+    cfg_mode: CfgMode = "adaptive"
+    order: Order = "cost"
+    seconds_per_unit: float | None = None
+    retry_margin_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.max_wait_s > 0:
+            raise ValueError(f"omni_ext.scheduler.max_wait_s must be > 0, got {self.max_wait_s!r}")
+        if self.aging_s < 0:
+            raise ValueError(f"omni_ext.scheduler.aging_s must be >= 0 (0: no aging), got {self.aging_s!r}")
+        if self.cfg_mode not in CFG_MODES:
+            raise ValueError(f"omni_ext.scheduler.cfg_mode must be one of {CFG_MODES}, got {self.cfg_mode!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"omni_ext.scheduler.order must be one of {ORDERS}, got {self.order!r}")
+        if self.seconds_per_unit is not None and not self.seconds_per_unit > 0:
+            raise ValueError(f"omni_ext.scheduler.seconds_per_unit must be > 0, got {self.seconds_per_unit!r}")
+
+    @property
+    def margin_s(self) -> float:
+        return self.retry_margin_s if self.retry_margin_s is not None else max(0.5, 0.05 * self.max_wait_s)
+
+
+_NUMBERS = {"max_wait_s", "aging_s", "seconds_per_unit", "retry_margin_s"}
+
+
+def omni_ext_section(additional_config: Any) -> dict[str, Any]:
+    """The ``omni_ext`` object of vLLM-Omni's ``additional_config`` (a dict, or the JSON string of
+    ``--additional-config``); empty when there is none."""
+    raw = additional_config
+    if isinstance(raw, str):
+        raw = json.loads(raw) if raw.strip() else {}
+    section = (raw or {}).get("omni_ext") if isinstance(raw, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def scheduler_config(additional_config: Any) -> SchedulerConfig:
+    """:class:`SchedulerConfig` from ``additional_config``; a clear ``ValueError`` for an unknown
+    key or a value of the wrong type, so a typo fails at start-up, not silently."""
+    section = omni_ext_section(additional_config).get("scheduler") or {}
+    if not isinstance(section, dict):
+        raise ValueError("omni_ext.scheduler must be a JSON object")
+    known = {f.name for f in fields(SchedulerConfig)}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ValueError(f"unknown omni_ext.scheduler option(s) {unknown}; known: {sorted(known)}")
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        if key in _NUMBERS and value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"omni_ext.scheduler.{key} must be a number, got {value!r}")
+            value = float(value)
+        values[key] = value
+    return SchedulerConfig(**values)
