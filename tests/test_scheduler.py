@@ -156,3 +156,184 @@ def test_scheduler_imports_without_vllm_or_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# ---- options, order, admission, cost model (issue 10) --------------------------------------------
+from omni_ext.scheduler import admission as adm  # noqa: E402
+from omni_ext.scheduler.config import SchedulerConfig, scheduler_config  # noqa: E402
+from omni_ext.scheduler.cost import CostModel, remaining_s, shape_key  # noqa: E402
+from omni_ext.scheduler.order import Ticket, effective_priority, in_order  # noqa: E402
+
+
+def test_options_come_from_additional_config_and_typos_fail() -> None:
+    assert scheduler_config(None) == SchedulerConfig()
+    assert scheduler_config('{"omni_ext": {"data_parallel_size": 2}}') == SchedulerConfig()
+    cfg = scheduler_config({"omni_ext": {"scheduler": {"max_wait_s": 30, "cfg_mode": "pair", "order": "fifo"}}})
+    assert (cfg.max_wait_s, cfg.cfg_mode, cfg.order) == (30.0, "pair", "fifo")
+    assert cfg.margin_s == 1.5  # 5 % of the bound
+    assert SchedulerConfig(max_wait_s=4).margin_s == 0.5  # at least half a second
+    for bad, needle in [
+        ({"max_wait": 3}, "unknown omni_ext.scheduler option"),
+        ({"max_wait_s": "3"}, "must be a number"),
+        ({"max_wait_s": 0}, "must be > 0"),
+        ({"cfg_mode": "both"}, "cfg_mode must be one of"),
+        ({"order": "sjf"}, "order must be one of"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            scheduler_config({"omni_ext": {"scheduler": bad}})
+
+
+def T(name: str, priority: int = 0, arrival: float = 0.0, seconds: float = 1.0) -> Ticket:
+    return Ticket(name, priority=priority, arrival=arrival, cost=seconds, predicted_s=seconds)
+
+
+def names(tickets) -> list[str]:
+    return [t.id for t in tickets]
+
+
+def test_order_is_priority_then_longest_first_then_arrival() -> None:
+    cfg = SchedulerConfig()
+    burst = [T("a81", 0, 0.0, 8), T("b17", 0, 0.1, 2), T("c81", 0, 0.2, 8), T("d17", 0, 0.3, 2), T("e49", -1, 0.4, 5)]
+    assert names(in_order(burst, 1.0, cfg)) == ["e49", "a81", "c81", "b17", "d17"]
+    assert names(in_order(burst, 1.0, SchedulerConfig(order="fifo"))) == ["e49", "a81", "b17", "c81", "d17"]
+
+
+def test_aging_bounds_how_long_later_arrivals_overtake() -> None:
+    cfg = SchedulerConfig(aging_s=10)
+    old_short = T("old", 0, 0.0, 1)
+    assert effective_priority(old_short, 9.9, 10) == 0 and effective_priority(old_short, 10.0, 10) == -1
+    # Within its first aging_s, longer arrivals of the same priority go first ...
+    assert names(in_order([old_short, T("new_long", 0, 5.0, 9)], 6.0, cfg)) == ["new_long", "old"]
+    # ... after it, no later arrival of the same priority overtakes it, and a stream of priority -1
+    # arrivals overtakes it for at most 2 x aging_s.
+    assert names(in_order([old_short, T("new_long", 0, 10.0, 9)], 10.0, cfg)) == ["old", "new_long"]
+    assert names(in_order([old_short, T("vip", -1, 19.0, 9)], 19.0, cfg))[0] == "vip"
+    assert names(in_order([old_short, T("vip", -1, 20.0, 9)], 20.0, cfg))[0] == "old"
+    assert effective_priority(old_short, 1e6, 0) == 0  # aging_s 0: no aging
+
+
+def test_longest_first_keeps_a_burst_near_its_bound_where_fifo_does_not() -> None:
+    """The mixed burst of the issue on two groups: LPT stays within 10 % of the bound whatever the
+    arrival order; FIFO with the longest job last leaves one group idle."""
+    lengths = [2.0, 2.0, 2.0, 8.0, 8.0, 8.0]  # 17-frame and 81-frame jobs, longest last
+
+    def makespan(order: str) -> float:
+        tickets = [T(f"j{i}", 0, i * 0.01, s) for i, s in enumerate(lengths)]
+        ordered = in_order(tickets, 0.1, SchedulerConfig(order=order))
+        return _finish(ordered, 2)
+
+    bound = max(sum(lengths) / 2, max(lengths))
+    assert makespan("cost") / bound <= 1.10
+    assert makespan("fifo") / bound > 1.10
+
+
+def _finish(ordered, slots: int) -> float:
+    import heapq
+
+    free = [0.0] * slots
+    end = 0.0
+    for t in ordered:
+        start = heapq.heappop(free)
+        heapq.heappush(free, start + t.predicted_s)
+        end = max(end, start + t.predicted_s)
+    return end
+
+
+def test_predicted_start_is_list_scheduling_on_the_slots() -> None:
+    assert adm.predict_start([], [], 2) == 0.0
+    assert adm.predict_start([3.0], [], 2) == 0.0  # a slot is free
+    assert adm.predict_start([3.0, 5.0], [], 2) == 3.0
+    assert adm.predict_start([3.0, 5.0], [4.0], 2) == 5.0  # the job ahead takes the slot free at 3
+    assert adm.predict_start([3.0, 5.0, 1.0], [], 2) == 4.0  # more running than slots: one queues
+    assert adm.predict_start([2.0], [1.0, 1.0], 1) == 4.0
+
+
+def test_admission_refuses_past_the_bound_with_staggered_retry_times() -> None:
+    a = adm.Admission(SchedulerConfig(max_wait_s=10, retry_margin_s=0.5), capacity=2)
+    running = [2.0, 2.5]
+    queued = [T(f"q{i}", 0, 0.0, 3.0) for i in range(6)]  # slots free at 11 and 11.5 after them
+    d1 = a.decide(1.0, running, queued, T("n1", 0, 1.0, 3.0))
+    d2 = a.decide(1.0, running, queued, T("n2", 0, 1.0, 3.0))
+    assert not d1.admitted and d1.reason == "queue_full" and d1.position == 6 and d1.wait_s == 11.0
+    assert d1.retry_after_s == pytest.approx(11.0 - 10 + 0.5)
+    assert d2.retry_after_s == pytest.approx(11.5 - 10 + 0.5)  # behind n1's promise
+    # A request that fits is admitted, and an on-time retry redeems the earliest promise.
+    short = a.decide(1.0, running, queued[:2], T("n3", 0, 1.0, 3.0))
+    assert short.admitted and short.wait_s == 5.0 and short.retry_after_s is None
+    assert len(a.promises) == 2
+    assert a.decide(2.5, running, [], T("n1-retry", 0, 2.5, 3.0)).admitted
+    assert len(a.promises) == 1
+    a.forget_promises()
+    assert a.promises == []
+
+
+def test_interactive_request_counts_only_work_that_starts_before_it() -> None:
+    a = adm.Admission(SchedulerConfig(max_wait_s=5), capacity=2)
+    batch = [T(f"b{i}", 0, 0.0, 4.0) for i in range(8)]
+    assert not a.decide(1.0, [3.0, 4.0], batch, T("batch", 0, 1.0, 4.0)).admitted
+    vip = a.decide(1.0, [3.0, 4.0], batch, T("vip", -1, 1.0, 4.0))
+    assert vip.admitted and vip.position == 0 and vip.wait_s == 3.0  # the first running job's end
+    est = a.estimate(1.0, [3.0, 4.0], batch, batch[5])
+    assert est.position == 5
+
+
+def test_refused_clients_that_retry_on_time_are_admitted_first_try() -> None:
+    """A simulated burst three times what the bound admits: clients told Retry-After come back then,
+    and the work they find has drained below the bound (the promises staggered them)."""
+    import heapq
+
+    cfg = SchedulerConfig(max_wait_s=6, retry_margin_s=0.3)
+    a = adm.Admission(cfg, capacity=2)
+    job_s = 1.0
+    slots: list[float] = [0.0, 0.0]  # when each slot frees (simulated executor, exact predictions)
+    starts: list[tuple[float, float]] = []  # (start, end) of admitted jobs
+
+    def state(now: float):
+        running = [end - now for start, end in starts if start <= now < end]
+        queued = [T(f"x{i}", 0, -1.0, job_s) for i, (start, _) in enumerate(starts) if start > now]
+        return running, queued
+
+    def admit(now: float) -> None:
+        start = max(now, heapq.heappop(slots))
+        heapq.heappush(slots, start + job_s)
+        starts.append((start, start + job_s))
+
+    retries: list[float] = []
+    for i in range(3 * 14):
+        running, queued = state(0.0)
+        d = a.decide(0.0, running, queued, T(f"c{i}", 0, 0.0, job_s))
+        if d.admitted:
+            admit(0.0)
+        else:
+            retries.append(d.retry_after_s)
+    assert 10 <= len(starts) <= 16 and len(retries) >= 2 * len(starts)
+    first_try = 0
+    for due in sorted(retries):
+        running, queued = state(due)
+        if a.decide(due, running, queued, T(f"r{due}", 0, due, job_s)).admitted:
+            admit(due)
+            first_try += 1
+    assert first_try / len(retries) >= 0.9
+
+
+def test_cost_model_learns_per_shape_and_falls_back() -> None:
+    m = CostModel(seed_s_per_unit=0.01)
+    small, big = shape_key("wan2.x-t2v", 64, 64, 9, True), shape_key("wan2.x-t2v", 128, 128, 81, True)
+    assert small != big and small != shape_key("wan2.x-t2v", 64, 64, 9, False)
+    assert m.predict_s(small, 100) == pytest.approx(1.0)  # the seed
+    m.observe(small, 100, 2.0)
+    assert m.rate(small) == pytest.approx(0.02) and m.rate(big) == pytest.approx(0.02)  # overall
+    m.observe(big, 1000, 10.0)
+    assert m.rate(big) == pytest.approx(0.01)
+    assert m.rate(small) == pytest.approx(0.02)
+    m.observe(small, 0, 5.0)  # nothing to learn from
+    assert CostModel().predict_s(small, 100) is None
+
+
+def test_remaining_time_uses_measured_steps_once_there_are_some() -> None:
+    assert remaining_s(None, 1.0) is None
+    assert remaining_s(10.0, 4.0) == 6.0
+    assert remaining_s(10.0, 30.0) == 1.0  # overran its prediction: still running
+    # 5 of 20 steps in 2 s: 15 steps at 0.4 s + what the prediction holds beyond the loop (10 - 8).
+    assert remaining_s(10.0, 3.0, 5, 20, 2.0) == pytest.approx(6.0 + 2.0)
+    assert remaining_s(None, 3.0, 5, 20, 2.0) == pytest.approx(6.0)
