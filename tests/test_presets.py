@@ -13,20 +13,31 @@ import os
 import stat
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
 import yaml
 
-from omni_ext.models.families import FAMILIES, family_of
+from omni_ext.models.families import FAMILIES, cost_units, family_of
 from omni_ext.presets import PresetError, load_catalog, load_cost_table
 from omni_ext.presets.catalog import Preset
 from omni_ext.presets.cli import script_text
 from omni_ext.presets.costs import Topology
+from omni_ext.presets.planner import estimate
 from omni_ext.presets.installed import registry_problems
 from omni_ext.presets.pipelines import OMNI_EXT_PIPELINES, QWEN_IMAGE_PIPELINE_KEY
-from omni_ext.presets.render import REGISTERED_PIPELINE_CLASSES, RenderOptions, cli_flags, format_rendered, render, request_hint
+from omni_ext.presets.render import (
+    REGISTERED_PIPELINE_CLASSES,
+    RenderOptions,
+    cli_flags,
+    format_rendered,
+    render,
+    request_hint,
+    scheduler_seed,
+)
 from omni_ext.presets.validate import check_preset
+from omni_ext.scheduler.config import scheduler_config
 from omni_ext.server_process import ServeProcess
 from tests.media import decode_mp4, decode_png
 
@@ -212,6 +223,71 @@ def test_cmd_format_is_the_exact_command() -> None:
     assert "vllm-omni serve /m --omni \\\n  --host 0.0.0.0 \\\n  --port 9001 \\\n  --deploy-config " in text
 
 
+def rendered_additional_config(preset: Preset) -> dict | str | None:
+    """What the server receives as additional_config: the deploy YAML stage's (after a YAML round
+    trip, as vLLM-Omni reads the file) or the ``--additional-config`` JSON string."""
+    rendered = render(preset, options_for(preset))
+    if rendered.deploy is not None:
+        return yaml.safe_load(format_rendered(rendered, "yaml"))["stages"][0].get("additional_config")
+    flags = rendered.flags
+    return flags[flags.index("--additional-config") + 1] if "--additional-config" in flags else None
+
+
+def test_scheduler_seed_is_the_cost_table_latency_per_cost_unit() -> None:
+    preset = CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"]
+    latency = estimate(COSTS.model(preset.model), COSTS.reference_device("910b"), preset.topology,
+                       request={"width": 832, "height": 480, "num_frames": 81, "steps": 50}).latency_s
+    assert latency == 360.0  # the user-reported one-card figure
+    units = cost_units("WanPipeline", SimpleNamespace(width=832, height=480, num_frames=81, num_inference_steps=50), cfg=True)
+    assert scheduler_seed(preset) == float(f"{latency / units:.3g}") == 0.000106
+    assert rendered_additional_config(preset) == {"omni_ext": {"scheduler": {"seconds_per_unit": 0.000106}}}
+    # CFG 2 halves one request's time; the units of the request do not change
+    assert scheduler_seed(CATALOG["wan2.1-t2v-1.3b.910b.x2.latency"]) == float(f"{180.0 / units:.3g}")
+    # Qwen-Image runs CFG only with a negative prompt: its units (and so the seed) follow
+    plain, cfg = CATALOG["qwen-image.910b.x1.balanced"], CATALOG["qwen-image.910b.x2.latency.cfg"]
+    req = SimpleNamespace(width=1024, height=1024, num_inference_steps=50)
+    assert scheduler_seed(plain) == float(f"{26.0 / cost_units('QwenImagePipeline', req, cfg=False):.3g}")
+    assert scheduler_seed(cfg) == float(f"{26.0 / cost_units('QwenImagePipeline', req, cfg=True):.3g}")
+
+
+@pytest.mark.parametrize("name", ["wan2.1-t2v-1.3b.910b.x2.latency", "qwen-image.910b.x1.balanced"])
+def test_scheduler_seed_never_overrides_the_presets_own_options(name: str) -> None:
+    own = {"omni_ext": {"scheduler": {"max_wait_s": 60, "order": "fifo"}, "api": {"ttl_s": 60}}, "other": 1}
+    preset = CATALOG[name].replace(additional_config=own)
+    got = rendered_additional_config(preset)
+    got = json.loads(got) if isinstance(got, str) else got
+    seed = scheduler_seed(preset)
+    assert got == {"omni_ext": {"scheduler": {"max_wait_s": 60, "order": "fifo", "seconds_per_unit": seed},
+                                "api": {"ttl_s": 60}}, "other": 1}
+    assert "seconds_per_unit" not in own["omni_ext"]["scheduler"]  # the preset itself is not changed
+    pinned = CATALOG[name].replace(additional_config={"omni_ext": {"scheduler": {"seconds_per_unit": 0.5}}})
+    assert scheduler_config(rendered_additional_config(pinned)).seconds_per_unit == 0.5
+    opted_out = CATALOG[name].replace(additional_config={"omni_ext": {"scheduler": {"seconds_per_unit": None}}})
+    assert scheduler_config(rendered_additional_config(opted_out)).seconds_per_unit is None
+
+
+def test_cpu_presets_get_no_scheduler_seed() -> None:
+    cpu = [p for p in CATALOG.values() if p.device == "cpu"]
+    assert cpu
+    for preset in cpu:
+        assert scheduler_seed(preset) is None, preset.name
+        assert rendered_additional_config(preset) is None, preset.name
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_rendered_additional_config_parses_as_scheduler_options(name: str) -> None:
+    preset = CATALOG[name]
+    rendered = rendered_additional_config(preset)
+    seed = scheduler_seed(preset)
+    assert scheduler_config(rendered).seconds_per_unit == seed
+    assert (seed is None) == (preset.device == "cpu")
+
+
+def test_unknown_scheduler_option_in_a_preset_is_an_error() -> None:
+    preset = BASE.replace(additional_config={"omni_ext": {"scheduler": {"max_wait": 60}}})
+    assert any("unknown omni_ext.scheduler option(s) ['max_wait']" in e for e in errors(preset))
+
+
 # ----------------------------------------------------------------------------------------------
 # against the installed vLLM-Omni (its own parser and config loader)
 
@@ -285,6 +361,20 @@ def test_qwen_image_replicas_are_lost_without_the_registered_pipeline(omni) -> N
     via_cli.deploy, via_cli.flags = None, flags
     with pytest.raises(PresetError, match="replicas: preset 2, vLLM-Omni resolved 1"):
         omni.validate(via_cli)
+
+
+
+@pytest.mark.parametrize("name", ["wan2.1-t2v-1.3b.910b.x2.latency", "qwen-image-2512.910b.x1.balanced"])
+def test_the_scheduler_seed_reaches_the_resolved_stage(omni, name: str) -> None:
+    rendered = render(CATALOG[name])
+    assert omni.validate(rendered)  # the deploy YAML stage / --additional-config arrive as the stage's additional_config
+    if rendered.deploy is not None:
+        del rendered.deploy["stages"][0]["additional_config"]
+    else:
+        i = rendered.flags.index("--additional-config")
+        del rendered.flags[i:i + 2]
+    with pytest.raises(PresetError, match="additional_config"):
+        omni.validate(rendered)
 
 
 # ----------------------------------------------------------------------------------------------

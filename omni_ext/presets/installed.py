@@ -24,7 +24,7 @@ import yaml
 from omni_ext.models.families import FAMILIES
 from omni_ext.presets.catalog import PresetError
 from omni_ext.presets.costs import CostTable, load_cost_table
-from omni_ext.presets.render import REGISTERED_PIPELINE_CLASSES, Rendered, default_sampling_params
+from omni_ext.presets.render import REGISTERED_PIPELINE_CLASSES, Rendered, additional_config, default_sampling_params
 
 
 def registered_by_class() -> set[str]:
@@ -202,6 +202,10 @@ class OmniValidator:
             problems.append(f"executor not applied: {diff.distributed_executor_backend!r}")
         if preset.scheduler and diff.engine_backend != preset.scheduler:
             problems.append(f"scheduler not applied: engine_backend={diff.engine_backend!r}")
+        extra = additional_config(preset, costs)
+        resolved_extra = dict(getattr(diff, "additional_config", None) or {})
+        if resolved_extra != extra:
+            problems.append(f"additional_config {resolved_extra} (omni-ext's scheduler options), want {extra}")
         if problems:
             raise PresetError(f"{preset.name}: vLLM-Omni resolves a different deployment:\n  - " + "\n  - ".join(problems))
         return {"name": preset.name, "channel": rendered.channel, "resolved": got, "world_size": par.world_size,

@@ -14,14 +14,16 @@ Nothing here invents a flag: everything goes through vLLM-Omni's own channels, a
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
-from omni_ext.models.families import FAMILIES, family_of
+from omni_ext.models.families import FAMILIES, cost_units, family_of
 from omni_ext.presets.catalog import Preset, PresetError
 from omni_ext.presets.costs import CostTable, load_cost_table
 from omni_ext.presets.pipelines import OMNI_EXT_PIPELINES
@@ -155,7 +157,52 @@ def visible_devices_env(preset: Preset, costs: CostTable | None = None) -> str |
     return costs.families[preset.device].get("visible_devices_env")
 
 
-def deploy_yaml(preset: Preset, pipeline_key: str | None = None) -> dict[str, Any]:
+def scheduler_seed(preset: Preset, costs: CostTable | None = None) -> float | None:
+    """Seconds per cost unit that seed the request scheduler's cost model
+    (``omni_ext.scheduler.seconds_per_unit``), from the preset's cost-table estimate.
+
+    The planner's latency of one of the preset's requests on one replica, divided by that request's
+    :func:`omni_ext.models.families.cost_units` (with CFG when the preset's requests run it), to 3
+    significant digits; the server replaces it with its own measurements as jobs finish. None when
+    the cost table has no estimate, and for ``cpu`` presets: they serve tiny random-weight models
+    whose time is per-request overhead that does not scale with the units (the planner's 0.003 s
+    for a tiny Wan video would tell the scheduler that every job is free).
+    """
+    # validate imports this module, so its helpers (the preset's request and estimate, as
+    # ``presets show`` prints them) are imported here.
+    from omni_ext.presets.validate import planner_request, preset_estimate, requests_use_cfg
+
+    costs = costs or load_cost_table()
+    if costs.platform(preset.device) == "cpu":
+        return None
+    _, est = preset_estimate(preset, costs)
+    if est.latency_s is None:
+        return None
+    spec = costs.model(preset.model)
+    req = {**spec.reference, **planner_request(preset)}  # the request the estimate is for
+    sp = SimpleNamespace(width=req["width"], height=req["height"], num_frames=req.get("num_frames"),
+                         num_inference_steps=req["steps"])
+    units = cost_units(spec.pipeline_class, sp, cfg=requests_use_cfg(preset, costs))
+    return float(f"{est.latency_s / units:.3g}")
+
+
+def additional_config(preset: Preset, costs: CostTable | None = None) -> dict[str, Any]:
+    """The preset's ``additional_config`` with :func:`scheduler_seed` merged in: what every render
+    format passes to vLLM-Omni (deploy YAML stage ``additional_config`` or ``--additional-config``).
+    Whatever the preset sets itself wins, including an explicit ``seconds_per_unit: null``."""
+    config = copy.deepcopy(preset.additional_config)
+    seed = scheduler_seed(preset, costs)
+    if seed is None:
+        return config
+    section = config.setdefault("omni_ext", {})
+    if isinstance(section, dict):
+        scheduler = section.setdefault("scheduler", {})
+        if isinstance(scheduler, dict):
+            scheduler.setdefault("seconds_per_unit", seed)
+    return config
+
+
+def deploy_yaml(preset: Preset, pipeline_key: str | None = None, costs: CostTable | None = None) -> dict[str, Any]:
     """The deploy YAML mapping (schema: vllm_omni/config/stage_config.py StageDeployConfig)."""
     topo = preset.topology
     doc: dict[str, Any] = {}
@@ -179,8 +226,9 @@ def deploy_yaml(preset: Preset, pipeline_key: str | None = None) -> dict[str, An
             stage[key] = value
     if preset.scheduler:
         stage["engine_backend"] = preset.scheduler
-    if preset.additional_config:
-        stage["additional_config"] = preset.additional_config
+    extra = additional_config(preset, costs)
+    if extra:
+        stage["additional_config"] = extra
     if preset.stage_env:
         stage["env"] = dict(preset.stage_env)
     dsp = default_sampling_params(preset)
@@ -190,7 +238,7 @@ def deploy_yaml(preset: Preset, pipeline_key: str | None = None) -> dict[str, An
     return doc
 
 
-def cli_flags(preset: Preset) -> list[str]:
+def cli_flags(preset: Preset, costs: CostTable | None = None) -> list[str]:
     """Flags that configure the preset without a deploy YAML (generic-fallback models)."""
     topo = preset.topology
     flags: list[str] = []
@@ -208,8 +256,9 @@ def cli_flags(preset: Preset) -> list[str]:
         flags += ["--distributed-executor-backend", preset.executor]
     if preset.scheduler:
         flags += ["--stage-overrides", json.dumps({"0": {"engine_backend": preset.scheduler}}, separators=(",", ":"))]
-    if preset.additional_config:
-        flags += ["--additional-config", json.dumps(preset.additional_config, separators=(",", ":"), sort_keys=True)]
+    extra = additional_config(preset, costs)
+    if extra:
+        flags += ["--additional-config", json.dumps(extra, separators=(",", ":"), sort_keys=True)]
     dsp = default_sampling_params(preset)
     if dsp:
         flags += ["--default-sampling-params", json.dumps({"0": dsp}, separators=(",", ":"))]
@@ -241,14 +290,14 @@ def render(preset: Preset, options: RenderOptions | None = None, costs: CostTabl
     deploy = None
     deploy_path = None
     if channel == "deploy-yaml":
-        deploy = deploy_yaml(preset, pipeline_key)
+        deploy = deploy_yaml(preset, pipeline_key, costs)
         deploy_path = opts.deploy_path or f"{preset.name}.deploy.yaml"
         flags = ["--deploy-config", deploy_path]
         if pipeline_key:
             notes.append(f"the deploy YAML selects omni-ext's registered pipeline {pipeline_key!r}: vLLM-Omni ignores "
                          "deploy YAMLs for Qwen-Image otherwise, and num_replicas has no other channel")
     else:
-        flags = cli_flags(preset)
+        flags = cli_flags(preset, costs)
         env.update(preset.stage_env)
         notes.append("configured by CLI flags: vLLM-Omni 0.30 ignores deploy YAML content for this model "
                      "(generic diffusion fallback); per-stage env is set on the process instead")

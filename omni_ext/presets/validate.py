@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from omni_ext.presets.catalog import DEVICE_FAMILIES, PRESET_OBJECTIVES, Preset, PresetError
 from omni_ext.presets.costs import CostTable, DeviceSpec, load_cost_table
 from omni_ext.presets.render import ENGINE_FLAGS, parse_size
+from omni_ext.scheduler.config import scheduler_config
 
 if TYPE_CHECKING:
     from omni_ext.presets.planner import Estimate
@@ -220,6 +221,10 @@ def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
         why = check_qualname(preset.scheduler, "vllm_omni.diffusion.diffusion_engine.DiffusionEngine")
         if why:
             err(f"scheduler (engine_backend): {why}")
+    try:  # a typo in the scheduler's options fails here, not at server start
+        scheduler_config(preset.additional_config)
+    except ValueError as exc:
+        err(f"additional_config: {exc}")
     if preset.launch_script and not preset.launch_script.endswith(".sh"):
         err(f"launch_script {preset.launch_script!r} must end in .sh")
     return issues

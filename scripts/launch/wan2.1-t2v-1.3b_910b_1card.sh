@@ -42,6 +42,10 @@ stages:
   flow_shift: 5.0
   boundary_ratio: 0.875
   vae_use_tiling: true
+  additional_config:
+    omni_ext:
+      scheduler:
+        seconds_per_unit: 0.000106
   default_sampling_params:
     width: 832
     height: 480

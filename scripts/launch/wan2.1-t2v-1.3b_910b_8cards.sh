@@ -39,6 +39,10 @@ stages:
   flow_shift: 5.0
   boundary_ratio: 0.875
   vae_use_tiling: true
+  additional_config:
+    omni_ext:
+      scheduler:
+        seconds_per_unit: 5.28e-05
   env:
     HCCL_OP_EXPANSION_MODE: AIV
   default_sampling_params:

@@ -27,6 +27,10 @@ stages:
   flow_shift: 5.0
   boundary_ratio: 0.875
   vae_use_tiling: true
+  additional_config:
+    omni_ext:
+      scheduler:
+        seconds_per_unit: 7.84e-06
   default_sampling_params:
     width: 832
     height: 480
