@@ -7,6 +7,10 @@ through the ``step-progress`` patch, writes ``<request id>`` files holding ``don
 t_last`` into a directory the API process chose (``OMNI_EXT_PROGRESS_DIR``, inherited by every
 worker it spawns; in /dev/shm when available, so a write is a memory copy). The API process reads
 the file for a job when a client polls. Works for inline, multi-process and replica layouts on one host.
+
+omni-ext's TunedExecutor also writes a job's file when it hands the job to its worker ranks
+(:func:`mark_started`, 0 steps done): until then the job only waits in the executor's queue, so the
+file's existence is what tells the API process that a job really runs.
 """
 
 from __future__ import annotations
@@ -59,12 +63,13 @@ def progress_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def write_progress(request_ids: list[str], done: int, total: int, t_start: float) -> None:
-    """Worker side: record that ``done`` of ``total`` denoise steps finished for these requests."""
+def write_progress(request_ids: list[str], done: int, total: int, t_start: float, mode: str | None = None) -> None:
+    """Record that ``done`` of ``total`` denoise steps finished for these requests (the workers'
+    step reports; ``mode``: only the executor's start marker, :func:`mark_started`)."""
     root = progress_dir()
     if root is None:
         return
-    line = f"{done} {total} {t_start:.6f} {time.time():.6f}\n"
+    line = f"{done} {total} {t_start:.6f} {time.time():.6f}{f' {mode}' if mode else ''}\n"
     for rid in request_ids:
         if "/" in rid or rid.startswith("."):
             continue
@@ -76,12 +81,28 @@ def write_progress(request_ids: list[str], done: int, total: int, t_start: float
             return  # progress is best-effort; never disturb generation
 
 
+def mark_started(request_ids: list[str], steps_total: int, mode: str | None = None) -> None:
+    """Executor side: these engine requests (``<job id>-<suffix>``, the ids the workers report
+    steps under) start on their worker ranks now, 0 of ``steps_total`` steps done.
+
+    The job's lead rank then overwrites the same file with its step reports (``step-progress``;
+    the first, 0 steps done, when its denoise loop begins): ``t_start`` becomes the loop's start,
+    and ``mode`` ("pair": a CFG group runs it, one branch per rank; "single": one rank runs all
+    of it), which those reports do not repeat, is gone."""
+    write_progress(request_ids, 0, steps_total, time.time(), mode)
+
+
 @dataclass(frozen=True)
 class StepProgress:
+    """One progress file: ``done`` of ``total`` steps, when the job (start marker) or its denoise
+    loop (step reports) began and the latest write (``time.time()``), and the start marker's mode
+    until the step reports replace it."""
+
     done: int
     total: int
     t_start: float
     t_last: float
+    mode: str | None = None
 
     @property
     def fraction(self) -> float:
@@ -102,8 +123,8 @@ def read_progress(job_id: str) -> StepProgress | None:
     best: StepProgress | None = None
     for path in root.glob(f"{job_id}-*"):
         try:
-            done, total, t0, t1 = path.read_text().split()
-            p = StepProgress(int(done), int(total), float(t0), float(t1))
+            done, total, t0, t1, *mode = path.read_text().split()
+            p = StepProgress(int(done), int(total), float(t0), float(t1), mode[0] if mode else None)
         except (OSError, ValueError):
             continue
         if best is None or p.t_last > best.t_last:

@@ -24,6 +24,20 @@ import requests
 
 from tests.helpers import IMAGE, executor_events, new_events, png_from, video_sync, wait_for_events
 
+#: ``omni-ext: queued request <id> (priority <p>, ...)``: the executor logs a job that cannot start at once.
+QUEUED = re.compile(r"omni-ext: queued request (\S+) \(priority (-?\d+)")
+
+
+def until(check, timeout: float = 60.0, what: str = "condition"):
+    """Poll ``check()`` every 0.1 s until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
 
 def run_two_at_once(server, fields: dict, seeds: tuple[int, int]) -> tuple[list, list]:
     """Two video requests sent together; (responses, the executor events they produced)."""
@@ -98,6 +112,114 @@ def test_executor_worker_messages_round_trip_over_a_pipe() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
+# 0b. The executor's queue mechanism, without worker processes (its pipes replaced by a list)
+# --------------------------------------------------------------------------------------------------
+def bare_executor(world: int = 2, cfg_size: int = 2, **options):
+    """A TunedExecutor for the Wan family with its state but no workers; what it sends lands in ``.sent``."""
+    from omni_ext.executor.tuned import TunedExecutor
+    from omni_ext.scheduler.config import SchedulerConfig
+    from omni_ext.scheduler.placement import Layout
+
+    ex = TunedExecutor.__new__(TunedExecutor)
+    ex.world, ex.cfg_size, ex.layout = world, cfg_size, Layout.regular(world // cfg_size, cfg_size)
+    ex.sched = SchedulerConfig(**options)
+    ex.model_arch, ex._tuned_model, ex.cfg_mode, ex.device_type = "WanPipeline", True, ex.sched.cfg_mode, "cpu"
+    ex._init_state()
+    ex._cancel_slots = [0] * world
+    ex.sent = []
+    ex._post = lambda rank, msg: ex.sent.append((rank, msg))
+    return ex
+
+
+def wan_request(priority=None, guidance: float = 4.0):
+    from types import SimpleNamespace
+
+    sp = SimpleNamespace(guidance_scale=guidance, guidance_scale_provided=True, width=32, height=32, num_frames=5,
+                         num_inference_steps=2, extra_args={} if priority is None else {"omni_ext_priority": priority})
+    return SimpleNamespace(prompt={"prompt": "a fox", "negative_prompt": "blurry"}, sampling_params=sp)
+
+
+def finish(ex, job, seconds: float = 1.0) -> None:
+    """Every rank of ``job`` answers (the last one holds the output)."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol
+
+    for i, rank in enumerate(job.ranks):
+        last = i == len(job.ranks) - 1
+        ex._on_done(rank, protocol.JobDone(job.job_id, rank, DiffusionOutput() if last else None, last, seconds))
+
+
+def started(ex) -> list[tuple[str, tuple[int, ...], str]]:
+    """(request id, ranks, mode) of each job sent to the workers, in order."""
+    runs: dict[str, tuple] = {}
+    for rank, msg in ex.sent:
+        runs.setdefault(msg.job_id, (msg.mode, []))[1].append(rank)
+    request_ids = {j.job_id: j.request_id for j in ex._outputs.values()}  # outputs nobody collected yet
+    return [(request_ids[job_id], tuple(ranks), mode.value) for job_id, (mode, ranks) in runs.items()]
+
+
+def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tmp_path, monkeypatch) -> None:
+    from omni_ext import progress
+
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    ex = bare_executor()
+    warm = ex._submit("dummy_req_id_0", wan_request(guidance=1.0))
+    a, b = ex._submit("video_a-0000000a", wan_request()), ex._submit("video_b-0000000b", wan_request())
+    urgent = ex._submit("video_c-0000000c", wan_request(priority="-1"))
+    assert [j.ticket.priority for j in (warm, a, b, urgent)] == [-(10**6), 0, 0, -1]
+    assert started(ex) == [("dummy_req_id_0", (0, 1), "single")]  # the warm-up, alone on every rank
+    assert not list(tmp_path.iterdir())  # no start marker for the warm-up
+    finish(ex, warm)
+    # the group is free, three CFG jobs wait: the urgent one first, each on one rank (adaptive)
+    assert started(ex)[1:] == [("video_c-0000000c", (0,), "single"), ("video_a-0000000a", (1,), "single")]
+    marker = progress.read_progress("video_c")
+    assert (marker.done, marker.total, marker.mode) == (0, 2, "single")
+    finish(ex, urgent, seconds=2.0)
+    finish(ex, a, seconds=2.0)
+    assert started(ex)[3] == ("video_b-0000000b", (0,), "single")
+    finish(ex, b, seconds=2.0)
+    # measured per shape and mode: one rank ran it, in 2 s for its units
+    single_key = "wan2.x-t2v:32x32x5:cfg:single"
+    assert set(ex.costs.by_shape) == {single_key}
+    assert ex.costs.by_shape[single_key] == pytest.approx(2.0 / a.needs.units)
+
+    # idle: a CFG job alone takes the whole group; the next ones queue
+    alone = ex._submit("video_d-0000000d", wan_request())
+    assert started(ex)[4] == ("video_d-0000000d", (0, 1), "pair")
+    assert progress.read_progress("video_d").mode == "pair"
+    e = ex._submit("video_e-0000000e", wan_request())
+    # a queued adaptive job is predicted as on one rank (measured), an upper bound of the pair time
+    ex._ordered_pending()
+    assert e.ticket.predicted_s == pytest.approx(2.0) and e.ticket.cost == e.ticket.predicted_s
+    ex.abort_requests(["video_e-0000000e"])  # cancelled while queued: out of the queue and its order at once
+    assert e.future.result(timeout=1).aborted and ex._pending == []
+    finish(ex, alone, seconds=1.0)
+    assert ex.costs.by_shape["wan2.x-t2v:32x32x5:cfg:pair"] == pytest.approx(1.0 / a.needs.units)
+    assert len(started(ex)) == 5 and not ex._running
+
+
+@pytest.mark.parametrize("raw,expected", [(None, 0), (-1, -1), ("-2", -2), (3.0, 3), ("high", 0), (True, 0), (1.5, 0)])
+def test_request_priority_from_extra_args(raw, expected: int) -> None:
+    from types import SimpleNamespace
+
+    from omni_ext.executor.tuned import _priority
+
+    assert _priority("r-1", SimpleNamespace(extra_args={} if raw is None else {"omni_ext_priority": raw})) == expected
+
+
+def test_cancelled_head_job_lets_the_jobs_behind_it_start() -> None:
+    ex = bare_executor(cfg_mode="pair")
+    busy = ex._submit("video_a-0000000a", wan_request(guidance=1.0))  # one rank
+    head = ex._submit("video_b-0000000b", wan_request())  # needs the whole group: waits
+    behind = ex._submit("video_c-0000000c", wan_request(guidance=1.0))  # would fit, but no overtaking
+    assert [r for r, _, _ in started(ex)] == ["video_a-0000000a"]
+    ex.abort_requests(["video_b-0000000b"])
+    assert started(ex)[1] == ("video_c-0000000c", (1,), "single") and ex._pending == []
+    assert head.future.result(timeout=1).aborted and busy.ranks == (0,) and behind.ranks == (1,)
+
+
+# --------------------------------------------------------------------------------------------------
 # 1. No wasted rank: CFG-free requests on a cfg-2 group run once each, two at a time
 # --------------------------------------------------------------------------------------------------
 def test_cfg_free_requests_on_cfg2_group_run_once_each_on_different_ranks(server_pool) -> None:
@@ -137,14 +259,11 @@ def _start_long_video(server, **over) -> dict:
 
 
 def _wait_progress(server, job_id: str, at_least: int, timeout: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    seen = {}
-    while time.monotonic() < deadline:
+    def check():
         seen = requests.get(f"{server.url}/v1/videos/{job_id}", timeout=30).json()
-        if seen.get("status") == "in_progress" and int(seen.get("progress") or 0) >= at_least:
-            return seen
-        time.sleep(0.1)
-    raise AssertionError(f"no progress >= {at_least}: {seen}")
+        return seen if seen.get("status") == "in_progress" and int(seen.get("progress") or 0) >= at_least else None
+
+    return until(check, timeout, f"progress >= {at_least} of {job_id}")
 
 
 @pytest.mark.parametrize("mode", ["pair", "single"])
@@ -154,7 +273,7 @@ def test_delete_stops_a_running_tuned_job_and_frees_its_ranks(server_pool, mode:
     before, stopped0 = len(executor_events(log0)), log0.count("Stopped cancelled diffusion request(s)")
     # "pair": CFG on, both ranks, cancel decided inside the all-gather; "single": CFG off, one rank.
     job = _start_long_video(server, **({} if mode == "pair" else {"guidance_scale": 1.0}))
-    _wait_progress(server, job["id"], 1)  # progress moves under the tuned executor too
+    _wait_progress(server, job["id"], 3)  # progress moves under the tuned executor too (past the start)
     t0 = time.monotonic()
     assert requests.delete(f"{server.url}/v1/videos/{job['id']}", timeout=60).json()["deleted"] is True
     ev = wait_for_events(server, before, 1, timeout=60)
@@ -169,6 +288,80 @@ def test_delete_stops_a_running_tuned_job_and_frees_its_ranks(server_pool, mode:
     # the ranks are free: a small CFG request (needs the whole group) runs right away
     quick = video_sync(server, size="32x32", num_frames=5)
     assert quick.status_code == 200, quick.text[:300]
+
+
+# --------------------------------------------------------------------------------------------------
+# 1c. Scheduling on a CFG group: adaptive pair/single, priority order
+# --------------------------------------------------------------------------------------------------
+#: The shape of the scheduling tests' requests (tiny, CFG on by VIDEO's guidance and negative prompt).
+SHAPE = dict(size="64x64", num_frames=9)
+
+
+def queue_behind_blocker(server, *batches: list[dict]) -> tuple[list, list[str], list[str], list]:
+    """Hold the CFG group with a long request (SHAPE, 200 steps), send each batch of requests (the
+    requests of a batch at once, the next batch once all of them are queued in the executor), then
+    cancel the long request.
+
+    One short request of SHAPE runs first, so that the API process has measured the shape and
+    predicts the long request within its admission bound (``max_wait_s``). Returns (responses,
+    their engine request ids, the engine ids in the order the executor queued them, the executor
+    events other than those of the long request), the first two in the order the fields were given."""
+    assert video_sync(server, **SHAPE).status_code == 200
+    before = len(executor_events(server.log_text()))
+    blocker = _start_long_video(server, **SHAPE)
+    until(lambda: any(e[0] == "start" for e in new_events(server, before)), what="the long request to start")
+    queued0 = len(QUEUED.findall(server.log_text()))
+    futures = []
+    with concurrent.futures.ThreadPoolExecutor(sum(len(b) for b in batches)) as pool:
+        for batch in batches:
+            futures += [pool.submit(video_sync, server, **SHAPE, **fields) for fields in batch]
+            n = queued0 + len(futures)
+            until(lambda n=n: len(QUEUED.findall(server.log_text())) >= n, what=f"{n - queued0} request(s) to queue")
+        assert requests.delete(f"{server.url}/v1/videos/{blocker['id']}", timeout=60).json()["deleted"] is True
+        outs = [f.result() for f in futures]
+    assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
+    log = server.log_text()
+    assert f"cancelling running request {blocker['id']}-" in log, "the long request ended before the others queued"
+    queued = [rid for rid, _ in QUEUED.findall(log)[queued0:]]
+    # engine request ids are <job id>-<8 characters>; the sync route's job id is its X-Request-Id
+    by_job = {rid.rsplit("-", 1)[0]: rid for rid in queued}
+    ids = [by_job[r.headers["X-Request-Id"]] for r in outs]
+    ev = wait_for_events(server, before, 1 + len(outs))
+    return outs, ids, queued, [e for e in ev if not e[1].startswith(blocker["id"])]
+
+
+def test_adaptive_cfg_request_alone_runs_on_the_whole_group(server_pool) -> None:
+    tuned = server_pool.get("wan-tuned-cfg2")
+    assert "scheduler cfg_mode=adaptive order=cost" in tuned.log_text()
+    before = len(executor_events(tuned.log_text()))
+    r = video_sync(tuned, size="32x32", num_frames=5, seed=31)
+    assert r.status_code == 200, r.text[:300]
+    ev = wait_for_events(tuned, before, 1)
+    assert [(e[2], e[3]) for e in ev if e[0] == "start"] == [((0, 1), "pair")], ev
+
+
+def test_adaptive_cfg_requests_run_on_one_rank_each_under_load_with_one_device_output(server_pool) -> None:
+    one, tuned = server_pool.get("wan"), server_pool.get("wan-tuned-cfg2")
+    sent = [dict(num_inference_steps=6, seed=41), dict(num_inference_steps=6, seed=42)]
+    outs, ids, _, ev = queue_behind_blocker(tuned, sent)
+    starts = [e for e in ev if e[0] == "start"]
+    assert sorted(e[1] for e in starts) == sorted(ids), ev
+    assert all(e[3] == "single" for e in starts), starts  # CFG on, yet one rank each: both branches there
+    assert {e[2] for e in starts} == {(0,), (1,)}, starts
+    assert [e[0] for e in ev][:2] == ["start", "start"], ev  # the group served both at once
+    for fields, out in zip(sent, outs):
+        assert video_sync(one, **SHAPE, **fields).content == out.content  # the same bytes as one device
+
+
+def test_priority_request_starts_before_earlier_queued_ones(server_pool) -> None:
+    tuned = server_pool.get("wan-tuned-cfg2")
+    outs, ids, queued, ev = queue_behind_blocker(tuned, [dict(seed=51), dict(seed=52), dict(seed=53)],
+                                                 [dict(seed=54, priority=-1)])
+    urgent = ids[3]
+    assert queued[-1] == urgent and f"omni-ext: queued request {urgent} (priority -1," in tuned.log_text()
+    starts = [e[1] for e in ev if e[0] == "start"]
+    assert starts[0] == urgent, starts  # queued last, started first
+    assert starts[1:] == queued[:3], starts  # the same priority and cost: arrival order
 
 
 # --------------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ What it does differently from vLLM-Omni's ``MultiprocDiffusionExecutor`` (detail
 - Real data parallel: with ``dp`` CFG groups, different requests run on different groups at once.
 - No wasted rank: a request that needs no CFG runs on ONE rank of a CFG group, so a cfg-2 group
   serves two such requests at the same time.
+- Request scheduling (:mod:`omni_ext.scheduler`): client priority with aging, longest predicted job
+  first, and CFG requests on a whole group while it is idle, on one rank each once others wait.
 - Failure handling: a dead worker fails its requests at once with a clear error, ``/health`` turns
   503; time limits follow each request's expected cost instead of a fixed 600 s.
 - Ascend defaults for the workers (see :mod:`omni_ext.executor.ascend`).

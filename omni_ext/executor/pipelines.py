@@ -3,8 +3,11 @@
 They are registered (vLLM-Omni's ``register_diffusion_model``, same architecture key, the names
 :func:`omni_ext.models.families.tuned_pipelines` lists) only inside the tuned executor's worker
 processes, so every other server, and the engine/API process, keeps vLLM-Omni's classes. Outside
-a CFG pair job (:func:`omni_ext.executor.role.pair_active`) they behave exactly like the parent
-classes. Inside one:
+a CFG pair job (:func:`omni_ext.executor.role.pair_active`) they compute exactly what the parent
+classes compute on one device: a request that runs CFG on ONE rank of a CFG group (the scheduler's
+``cfg_mode`` "single", or "adaptive" under load) encodes both prompts, runs both guidance branches
+in turn on that rank without any collective, and decodes the whole output there (the same bytes as
+one device). Inside a pair job:
 
 - Text encoding: CFG rank 0 encodes only the prompt, rank 1 only the negative prompt. The other
   branch gets a placeholder of the right batch/dtype that is never fed to the transformer (in CFG

@@ -13,17 +13,35 @@ vLLM-Omni's workers create.
 
 Dispatch. ``execute_batch`` does not block the engine: it queues each scheduled request as a job
 and returns at once with an ``async_output_id``; the engine waits on ``wait_output_ready`` outside
-its busy loop, so it immediately schedules the next request. Jobs leave the queue in FIFO order,
-placed by :mod:`omni_ext.scheduler.placement` (pure rules, unit-tested there):
+its busy loop, so it immediately schedules the next request. Each time the queue or the set of
+free ranks changes, the queue is put in the scheduler's order and placed (pure rules, unit-tested
+in ``tests/test_scheduler.py``; options from ``--additional-config '{"omni_ext": {"scheduler": ...}}'``,
+:mod:`omni_ext.scheduler.config`):
 
-- a request that runs both guidance branches, on a cfg-2 layout, takes a whole free CFG group
-  (PAIR job; the queue waits for one, no overtaking, so it cannot starve);
+- order (:mod:`omni_ext.scheduler.order`): the client's ``priority`` first (lower earlier; the API
+  process passes it as ``sampling_params.extra_args["omni_ext_priority"]``), improved by one for
+  every ``aging_s`` waited; then the longest predicted job (``order="cost"``) or arrival
+  (``"fifo"``). Placement starts jobs in that order, no overtaking: the first job that cannot start
+  holds the ones behind it, so a job that needs a whole CFG group cannot starve;
+- a request that runs both guidance branches, on a cfg-2 layout (PAIR job), runs as ``cfg_mode``
+  says: ``"pair"`` on a whole free CFG group (one branch per rank, lowest latency); ``"single"`` on
+  one rank that runs both branches in turn (the group serves two such requests at once, more
+  throughput); ``"adaptive"`` (the default) as a pair while the free groups are enough for it and
+  every job queued behind it, else on one rank. The output is the same bytes either way. Models
+  without a tuned pipeline always run pairs;
 - any other request (CFG off: Wan guidance <= 1, Qwen-Image without a negative prompt; or a cfg-1
   layout) takes ONE free rank (SINGLE job), preferring a rank whose partner is busy, so whole
   groups stay free for pair jobs. A cfg-2 group therefore serves two CFG-free requests at once;
-- vLLM-Omni's start-up warm-up (CFG-free for the models with a tuned pipeline) runs once on every
-  rank. Models without one (no ``tuned_class`` in :mod:`omni_ext.models.families`) keep vLLM-Omni's
-  rule: every request takes a whole CFG group.
+- vLLM-Omni's start-up warm-up (CFG-free for the models with a tuned pipeline) goes first and runs
+  once on every rank. Models without one (no ``tuned_class`` in :mod:`omni_ext.models.families`)
+  keep vLLM-Omni's rule: every request takes a whole CFG group.
+
+Costs (:class:`omni_ext.scheduler.cost.CostModel`, seeded with ``seconds_per_unit``): seconds per
+cost unit learned from the jobs that ran to completion, per shape class and per mode the ranks ran
+it in (a CFG request on a pair takes about half the time it takes on one rank). A queued PAIR job
+that may run on one rank is predicted as on one rank when that was measured (an upper bound).
+When a job starts, the executor writes its start marker through :mod:`omni_ext.progress`
+(:func:`~omni_ext.progress.mark_started`), so the API process knows it runs and is no longer queued.
 
 This class keeps only the mechanism: locks, worker pipes (:mod:`omni_ext.executor.protocol`), futures.
 
@@ -50,7 +68,6 @@ import os
 import signal
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +76,12 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.executor.abstract import DiffusionExecutor
 
+from omni_ext import progress
 from omni_ext.executor import ascend, protocol
 from omni_ext.models import families
 from omni_ext.scheduler import cost, placement
+from omni_ext.scheduler.config import omni_ext_section, scheduler_config
+from omni_ext.scheduler.order import Ticket, sort_key
 from omni_ext.scheduler.placement import JobMode, JobNeeds
 
 logger = logging.getLogger("omni_ext.executor")
@@ -70,6 +90,28 @@ _READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800
 #: vLLM-Omni's start-up warm-up request ids start with this
 #: (``vllm_omni.diffusion.request.DUMMY_DIFFUSION_REQUEST_ID`` in 0.30).
 DUMMY_REQUEST_PREFIX = "dummy_req_id"
+#: The warm-up's priority: it is the only job at start-up, and it stays ahead of anything queued meanwhile.
+WARM_UP_PRIORITY = -(10**6)
+#: Where the API process puts a request's priority (vLLM-Omni copies a request's ``extra_params``
+#: into ``sampling_params.extra_args``).
+PRIORITY_ARG = "omni_ext_priority"
+
+
+def _priority(request_id: str, sp: Any) -> int:
+    """A request's priority (lower runs earlier): ``sampling_params.extra_args["omni_ext_priority"]``;
+    0 when absent or not an integer (logged)."""
+    raw = (getattr(sp, "extra_args", None) or {}).get(PRIORITY_ARG)
+    if raw is None:
+        return 0
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        logger.warning("omni-ext: request %s has priority %r, not an integer; it runs with priority 0", request_id, raw)
+        return 0
 
 
 @contextlib.contextmanager
@@ -92,10 +134,13 @@ class _Job:
     request_id: str
     req: Any
     needs: JobNeeds  # mode and expected cost, what placement reads
+    ticket: Ticket  # priority, arrival and predicted cost, what ordering reads
+    shape: str = ""  # its shape class (cost.shape_key); measurements are kept per shape and mode
+    steps: int = 0  # denoise steps, for the start marker
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     ranks: tuple[int, ...] = ()
+    mode: JobMode | None = None  # how its ranks run it, once started
     answered: set[int] = field(default_factory=set)
-    submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     deadline: float | None = None
     longest_s: float = 0.0
@@ -105,8 +150,13 @@ class _Job:
 
     @property
     def all_ranks(self) -> bool:
-        """The warm-up: runs once on every rank and answers when all are done."""
+        """The warm-up of a tuned model: runs once on every rank and answers when all are done."""
         return self.needs.mode is JobMode.ALL_RANKS
+
+    @property
+    def warm_up(self) -> bool:
+        """vLLM-Omni's start-up request (resized here on a CPU host, and pays first-call costs)."""
+        return self.request_id.startswith(DUMMY_REQUEST_PREFIX)
 
 
 class TunedExecutor(DiffusionExecutor):
@@ -128,8 +178,12 @@ class TunedExecutor(DiffusionExecutor):
         self.cfg_size = int(pc.cfg_parallel_size or 1)
         if self.cfg_size not in (1, 2):
             raise ValueError(f"omni-ext TunedExecutor supports cfg_parallel_size 1 or 2, got {self.cfg_size}.")
-        extra = (getattr(cfg, "additional_config", None) or {}).get("omni_ext", {}) or {}
-        dp = int(extra.get("data_parallel_size") or 0) or int(pc.data_parallel_size or 1)
+        additional = getattr(cfg, "additional_config", None)
+        try:
+            self.sched = scheduler_config(additional)
+        except ValueError as exc:
+            raise ValueError(f"omni-ext TunedExecutor: {exc}") from None
+        dp = int(omni_ext_section(additional).get("data_parallel_size") or 0) or int(pc.data_parallel_size or 1)
         world = dp * self.cfg_size
         pc.data_parallel_size = dp
         pc.world_size = world
@@ -140,9 +194,11 @@ class TunedExecutor(DiffusionExecutor):
         self.model_arch = getattr(cfg, "model_class_name", None)
         family = families.family_of(self.model_arch)
         # A request may use part of a CFG group only where omni-ext's tuned pipeline runs (it keeps a
-        # one-rank job out of the group's collectives); any other model's requests take the whole
-        # group, as under vLLM-Omni's own executor, and its warm-up is an ordinary request.
+        # one-rank job out of the group's collectives and runs both guidance branches there); any
+        # other model's requests take the whole group, as under vLLM-Omni's own executor, and its
+        # warm-up is an ordinary request.
         self._tuned_model = family is not None and family.tuned_class is not None and family.cfg_rule != "always"
+        self.cfg_mode = self.sched.cfg_mode if self._tuned_model else "pair"
 
         # vLLM-Omni's engine waits at most VLLM_OMNI_ASYNC_OUTPUT_TIMEOUT (600 s) for an async output;
         # here a request may queue behind others and long videos take longer, and this executor
@@ -159,20 +215,7 @@ class TunedExecutor(DiffusionExecutor):
             raise RuntimeError(f"omni-ext TunedExecutor: platform {device_type} uses {backend!r}, expected {expected!r}.")
         self.worker_env = worker_env
 
-        self._lock = threading.Condition(threading.RLock())
-        self._closed = False
-        self._failed = False
-        self._failure: str | None = None
-        self._callbacks: list = []
-        self._pending: deque[_Job] = deque()
-        self._running: dict[str, _Job] = {}
-        self._outputs: dict[str, _Job] = {}
-        self._busy: dict[int, str | None] = {r: None for r in range(world)}
-        self._ids = itertools.count(1)
-        self._rate: float | None = None  # seconds per cost unit (EWMA)
-        self._rpc_barrier = 0
-        self._rpc_replies: dict[str, dict[int, tuple[bool, Any]]] = {}
-
+        self._init_state()
         self._launch_workers()
         self._threads = [
             threading.Thread(target=self._reader, args=(r,), daemon=True, name=f"omni-ext-reader-{r}")
@@ -183,10 +226,28 @@ class TunedExecutor(DiffusionExecutor):
         for t in self._threads:
             t.start()
         logger.info(
-            "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d, backend %s%s",
-            world, dp, [list(g) for g in self.layout.groups], self.cfg_size, backend,
+            "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d, backend %s, scheduler cfg_mode=%s "
+            "order=%s%s%s",
+            world, dp, [list(g) for g in self.layout.groups], self.cfg_size, backend, self.cfg_mode, self.sched.order,
+            "" if self.cfg_mode == self.sched.cfg_mode else f" (configured {self.sched.cfg_mode}: no tuned pipeline)",
             f", worker env {worker_env}" if worker_env else "",
         )
+
+    def _init_state(self) -> None:
+        """The queue, rank and cost state (needs ``world``, ``layout``, ``sched`` and ``cfg_mode``)."""
+        self._lock = threading.Condition(threading.RLock())
+        self._closed = False
+        self._failed = False
+        self._failure: str | None = None
+        self._callbacks: list = []
+        self._pending: list[_Job] = []  # ordered at each dispatch (omni_ext.scheduler.order)
+        self._running: dict[str, _Job] = {}
+        self._outputs: dict[str, _Job] = {}
+        self._busy: dict[int, str | None] = {r: None for r in range(self.world)}
+        self._ids = itertools.count(1)
+        self.costs = cost.CostModel(self.sched.seconds_per_unit)
+        self._rpc_barrier = 0
+        self._rpc_replies: dict[str, dict[int, tuple[bool, Any]]] = {}
 
     def _launch_workers(self) -> None:
         from vllm.v1.executor.multiproc_executor import set_multiprocessing_worker_envs
@@ -284,6 +345,7 @@ class TunedExecutor(DiffusionExecutor):
             job = self._outputs.pop(async_output_id, None)
             if job is not None:
                 self._cancel_locked(job)
+                self._dispatch_locked()
 
     def abort_requests(self, request_ids) -> None:
         """Stop these requests, queued or running (called by the ``executor-abort-hook`` patch when
@@ -296,8 +358,11 @@ class TunedExecutor(DiffusionExecutor):
             for job in [*self._pending, *self._running.values()]:
                 if job.request_id in ids:
                     self._cancel_locked(job)
+            self._dispatch_locked()
 
     def _cancel_locked(self, job: _Job) -> None:
+        """Cancel a job (under the lock). A queued one leaves the queue, and with it the ordering,
+        at once (the caller dispatches next: jobs it held back may start now)."""
         if job.dropped:
             return
         job.dropped = True
@@ -396,15 +461,21 @@ class TunedExecutor(DiffusionExecutor):
         sp = getattr(req, "sampling_params", None)
         cfg = not self._tuned_model or families.needs_cfg(self.model_arch, getattr(req, "prompt", None), sp)
         # Warm every worker with vLLM-Omni's start-up request (tuned models: it runs CFG-free).
-        warm_up = request_id.startswith(DUMMY_REQUEST_PREFIX) and self._tuned_model
-        mode = JobMode.for_request(needs_cfg=cfg, group_size=self.cfg_size, warm_up=warm_up)
+        warm_up = request_id.startswith(DUMMY_REQUEST_PREFIX)
+        mode = JobMode.for_request(needs_cfg=cfg, group_size=self.cfg_size, warm_up=warm_up and self._tuned_model)
         seq = next(self._ids)
+        shape, steps = self._shape_of(sp, cfg)
         job = _Job(
             job_id=f"omx-{seq}",
             seq=seq,
             request_id=request_id,
             req=req,
             needs=JobNeeds(mode, families.cost_units(self.model_arch, sp, cfg)),
+            ticket=Ticket(
+                f"omx-{seq}", WARM_UP_PRIORITY if warm_up else _priority(request_id, sp), arrival=time.monotonic()
+            ),
+            shape=shape,
+            steps=steps,
         )
         if job.all_ranks and self.device_type == "cpu":
             job.req = self._small_warmup(req)
@@ -413,7 +484,55 @@ class TunedExecutor(DiffusionExecutor):
             self._outputs[job.job_id] = job
             self._pending.append(job)
             self._dispatch_locked()
+            if job in self._pending:
+                logger.info(
+                    "omni-ext: queued request %s (priority %d, %d waiting)",
+                    request_id, job.ticket.priority, len(self._pending),
+                )
         return job
+
+    def _shape_of(self, sp: Any, cfg: bool) -> tuple[str, int]:
+        """(shape class, denoise steps) of a request; unset fields take the family's native values,
+        as the pipeline would (unknown models: Wan's, as in :func:`omni_ext.models.families.cost_units`)."""
+        family = families.family_of(self.model_arch)
+        native = (family or families.FAMILIES[0]).native
+
+        def value(name: str, default: int) -> int:
+            return int(getattr(sp, name, None) or default)
+
+        frames = value("num_frames", native.num_frames) if family is None or family.is_video else 1
+        key = cost.shape_key(
+            family.name if family else self.model_arch, value("width", native.width), value("height", native.height),
+            frames, cfg,
+        )
+        return key, value("num_inference_steps", native.steps)
+
+    def _cost_key(self, job: _Job, mode: JobMode) -> str:
+        """Measurements are kept per shape class AND per mode the ranks ran it in: a CFG job on a
+        pair takes well under the time of the same job on one rank (half at best)."""
+        return f"{job.shape}:{mode.rank_mode.value}"
+
+    def _predicted_s(self, job: _Job) -> float | None:
+        """Predicted seconds of a queued job. One that may run on a pair or on one rank (cfg_mode
+        "adaptive") is predicted as on one rank when that was measured: an upper bound, and the mode
+        it runs in whenever others wait, which is when the prediction matters."""
+        if job.needs.mode is JobMode.PAIR and self.cfg_mode != "pair":
+            modes = (JobMode.SINGLE, JobMode.PAIR) if self.cfg_mode == "adaptive" else (JobMode.SINGLE,)
+        else:
+            modes = (job.needs.mode,)
+        known = [key for key in (self._cost_key(job, m) for m in modes) if key in self.costs.by_shape]
+        return self.costs.predict_s(known[0] if known else None, job.needs.units)
+
+    def _ordered_pending(self) -> list[_Job]:
+        """The queue in the scheduler's order (:func:`omni_ext.scheduler.order.sort_key`), each ticket's
+        cost refreshed from the cost model, so that all share one measure: predicted seconds once the
+        server knows any rate (measured or seeded), else cost units."""
+        now = time.monotonic()
+        for job in self._pending:
+            predicted = self._predicted_s(job)
+            job.ticket.predicted_s = predicted
+            job.ticket.cost = predicted if predicted is not None else job.needs.units
+        return sorted(self._pending, key=lambda j: sort_key(j.ticket, now, self.sched))
 
     @staticmethod
     def _small_warmup(req: Any) -> Any:
@@ -433,18 +552,27 @@ class TunedExecutor(DiffusionExecutor):
         return [r for r, v in self._busy.items() if v is None]
 
     def _dispatch_locked(self) -> None:
-        """Start what the placement rules allow now (under the lock; nothing while an RPC waits)."""
-        if self._failed or self._closed:
+        """Start what the order and placement rules allow now (under the lock; nothing while an RPC waits)."""
+        if self._failed or self._closed or not self._pending:
             return
-        starts = placement.next_placements(self._pending, self._free_ranks(), self.layout, hold=bool(self._rpc_barrier))
+        starts = placement.next_placements(
+            self._ordered_pending(), self._free_ranks(), self.layout, hold=bool(self._rpc_barrier), cfg_mode=self.cfg_mode
+        )
         for start in starts:
             self._pending.remove(start.job)
             self._start_locked(start.job, start.ranks, start.mode)
 
     def _start_locked(self, job: _Job, ranks: tuple[int, ...], mode: JobMode) -> None:
-        job.ranks = ranks
+        job.ranks, job.mode = ranks, mode
         job.started = time.monotonic()
-        limit = cost.job_time_limit_s(job.needs.units, self._rate)
+        key = self._cost_key(job, mode)
+        predicted = None if job.warm_up else self.costs.predict_s(key, job.needs.units)
+        # The warm-up pays first-call costs (compilation): only a fixed limit applies to it.
+        limit = cost.job_time_limit_s(job.needs.units, None if job.warm_up else self.costs.rate(key))
+        if not job.warm_up:
+            # Tell the API process the job runs now. Before the ranks get it, so that the lead
+            # rank's step reports (same file) always come after this.
+            progress.mark_started([job.request_id], job.steps, mode.value)
         job.deadline = None if limit is None else job.started + limit
         self._running[job.job_id] = job
         for r in ranks:
@@ -455,8 +583,10 @@ class TunedExecutor(DiffusionExecutor):
             except Exception as exc:  # a dead pipe: the monitor reports the death
                 logger.error("omni-ext: could not send request %s to worker %d: %s", job.request_id, r, exc)
         logger.info(
-            "omni-ext: start request %s on rank(s) %s (%s)%s",
-            job.request_id, list(ranks), "warm-up" if job.all_ranks else mode.value,
+            "omni-ext: start request %s on rank(s) %s (%s), waited %.2f s%s%s%s",
+            job.request_id, list(ranks), "warm-up" if job.all_ranks else mode.value, job.started - job.ticket.arrival,
+            "" if job.warm_up else f", priority {job.ticket.priority}",
+            f", predicted {predicted:.1f} s" if predicted is not None else "",
             f", time limit {limit:.0f} s" if limit is not None else "",
         )
 
@@ -499,10 +629,10 @@ class TunedExecutor(DiffusionExecutor):
                     self._resolve(job, DiffusionOutput(aborted=True, abort_message=f"Request {job.request_id} aborted."))
                 elif not job.future.done():
                     self._resolve(job, DiffusionOutput(error=f"omni-ext: no rank returned an output for {job.request_id}"))
-                # Learn the cost rate from complete runs only (a warm-up is resized and pays first-call
-                # costs; a cancelled job stopped early).
-                if job.needs.units > 0 and not is_error and not job.all_ranks and not job.dropped:
-                    self._rate = cost.updated_rate(self._rate, job.longest_s, job.needs.units)
+                # Learn from complete runs only (a warm-up is resized and pays first-call costs; a
+                # cancelled job stopped early), in the mode the job really ran in.
+                if not is_error and not job.warm_up and not job.dropped:
+                    self.costs.observe(self._cost_key(job, job.mode), job.needs.units, job.longest_s)
             self._dispatch_locked()
             self._lock.notify_all()
 
