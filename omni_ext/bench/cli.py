@@ -17,6 +17,23 @@ def _common(p: argparse.ArgumentParser, steps: int, size: str, frames: int, reps
     p.add_argument("--start-timeout", type=float, default=1200.0)
 
 
+def _scheduler_common(p: argparse.ArgumentParser, frames_type=int) -> None:
+    """Options of the scheduler benchmarks. Workload options default to None: ``--quick`` or the
+    benchmark's own defaults fill what the command line leaves unset (``common.apply_profile``)."""
+    p.add_argument("--json", default=None, help="write the figures, goals, pass/fail and every run here (required unless --dry-run)")
+    p.add_argument("--quick", action="store_true", help="a small, fast version (smoke test; figures are not meaningful)")
+    p.add_argument("--dry-run", action="store_true", help="print the servers, commands and requests; start nothing")
+    p.add_argument("--model-size", choices=["tiny", "small", "med"], default="med", help="tiny Wan2.1 preset")
+    p.add_argument("--size", default=None, help="WxH of the generated video")
+    p.add_argument("--frames", type=frames_type, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--models-dir", default=None, help="where the tiny model is built/cached")
+    p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
+    p.add_argument("--start-timeout", type=float, default=1200.0)
+    p.add_argument("--max-load", type=float, default=1.0,
+                   help="above this 1-minute load before starting, the figures are recorded as not measurements")
+
+
 def _cfg(args) -> int:
     from omni_ext.bench.runner import main_cfg_parallel
 
@@ -29,8 +46,19 @@ def _dp(args) -> int:
     return main_data_parallel(args)
 
 
+def _scheduler_bench(module: str):
+    def run(args) -> int:
+        import importlib
+
+        if not args.dry_run and not args.json:
+            raise SystemExit(f"omni-ext bench {args.bench_command}: --json OUT is required (or --dry-run)")
+        return importlib.import_module(f"omni_ext.bench.{module}").main(args)
+
+    return run
+
+
 def add_subcommands(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks on real servers (TunedExecutor vs vLLM-Omni)")
+    p = sub.add_parser("bench", help="benchmarks on real servers (TunedExecutor vs vLLM-Omni, the request scheduler)")
     bsub = p.add_subparsers(dest="bench_command", required=True)
     c = bsub.add_parser("cfg-parallel", help="one request at a time: one device vs stock cfg 2 vs omni-ext cfg 2")
     # 80x80x17, 25 steps on the "med" tiny Wan: a CFG step ~180 ms on one thread, VAE decode + text
@@ -44,3 +72,45 @@ def add_subcommands(sub) -> None:
     d.add_argument("--skip-stock-dp", action="store_true", help="skip vLLM-Omni's in-executor DP measurement")
     d.add_argument("--skip-ceiling", action="store_true", help="skip the no-server two-process ceiling")
     d.set_defaults(func=_dp)
+
+    a = bsub.add_parser(
+        "adaptive", help="cfg-2 group: cfg_mode pair vs single vs adaptive, one request at a time and 8 concurrent",
+        description="Three TunedExecutor --cfg-parallel-size 2 servers (cfg_mode pair, single, adaptive), one after "
+                    "another. Defaults: 80x80, 17 frames, 25 steps, 5 sequential requests, 3 bursts of 8 "
+                    "(~10 min on 2 cores with the ceilings). --quick: 64x64, 9 frames, 6 steps, 2 + 1 burst of 4, no ceiling.")
+    _scheduler_common(a)
+    a.add_argument("--low-load-requests", type=int, default=None, help="sequential requests per server (p50 latency)")
+    a.add_argument("--concurrency", type=int, default=None, help="requests per high-load burst")
+    a.add_argument("--reps", type=int, default=None, help="high-load bursts per server (median throughput)")
+    a.add_argument("--together", action="store_true", help="run the three servers at once, alternating requests")
+    a.add_argument("--skip-ceiling", action="store_true", default=None, help="skip the bare host ceilings")
+    a.set_defaults(func=_scheduler_bench("adaptive"))
+
+    m = bsub.add_parser(
+        "mixed", help="two groups: a burst of mixed lengths, order cost vs fifo, makespan / lower bound",
+        description="Two TunedExecutor servers with data_parallel_size 2 (order cost, order fifo), side by side. "
+                    "Defaults: 64x64, 20 steps, frames 81,17,81,17,81,17, 2 single timings per length, 2 bursts "
+                    "per order (~5 min on 2 cores; --order-variants ~+3 min). --quick: frames 33,9,33,9, 4 steps, 1 burst.")
+    _scheduler_common(m, frames_type=str)
+    m.add_argument("--single-reps", type=int, default=None, help="single-job timings per length (median)")
+    m.add_argument("--reps", type=int, default=None, help="bursts per arrival order and server (median makespan)")
+    m.add_argument("--order-variants", action="store_true", default=None,
+                   help="also send the burst longest last (ascending) and short/long alternating")
+    m.add_argument("--skip-ceiling", action="store_true", default=None, help="skip the bare two-process ceiling")
+    m.set_defaults(func=_scheduler_bench("mixed"))
+
+    ad = bsub.add_parser(
+        "admission", help="a burst 3x what max_wait_s admits (429 + Retry-After, retries); then an interactive priority -1 request",
+        description="One TunedExecutor server with data_parallel_size 2 and scheduler max_wait_s. Defaults: 64x64, 17 "
+                    "frames, 20 steps, max_wait_s 12 (~3-4 min on 2 cores). --quick: 9 frames, 6 steps, max_wait_s 3.")
+    _scheduler_common(ad)
+    ad.add_argument("--max-wait-s", type=float, default=None, help="the server's omni_ext.scheduler.max_wait_s")
+    ad.add_argument("--burst-factor", type=float, default=None, help="burst = this x the jobs admission should take")
+    ad.add_argument("--max-burst", type=int, default=None, help="at most this many clients in the burst")
+    ad.add_argument("--calib-rounds", type=int, default=None, help="rounds of 2 concurrent jobs that measure job time")
+    ad.add_argument("--max-retries", type=int, default=None, help="retries per refused client")
+    ad.add_argument("--interactive-delay", type=float, default=None,
+                    help="send the interactive request this fraction of a job time after the server is full")
+    ad.add_argument("--max-fill", type=int, default=None, help="at most this many batch jobs to fill the server")
+    ad.add_argument("--skip-priority", action="store_true", default=None, help="skip the priority measurement")
+    ad.set_defaults(func=_scheduler_bench("admission"))

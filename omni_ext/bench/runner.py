@@ -20,119 +20,19 @@ data-parallel: 8 concurrent requests (a closed burst) against
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
-import platform
-import statistics
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-TUNED = "omni_ext.executor.TunedExecutor"
-
-
-def _request(url: str, fields: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
-    import requests
-
-    t0 = time.perf_counter()
-    r = requests.post(url + "/v1/videos/sync", files={k: (None, str(v)) for k, v in fields.items()}, timeout=timeout)
-    dt = time.perf_counter() - t0
-    if r.status_code != 200:
-        raise RuntimeError(f"request failed ({r.status_code}): {r.text[:300]}")
-    stages = {}
-    raw = r.headers.get("X-Stage-Durations")
-    if raw:
-        try:
-            stages = json.loads(raw)
-        except ValueError:
-            stages = {}
-    return {"latency_s": dt, "bytes": len(r.content), "stages": stages}
-
-
-class _Servers:
-    """Start/stop ``ServeProcess`` servers for one phase (at most two at a time)."""
-
-    def __init__(self, model: Path, workdir: Path, base_args: list[str], env: dict[str, str]) -> None:
-        self.model, self.workdir, self.base_args, self.env = model, workdir, base_args, env
-        self.procs: dict[str, Any] = {}
-
-    def start(self, specs: dict[str, list[str]], timeout: float) -> None:
-        from omni_ext.server_process import ServeProcess
-
-        for name, args in specs.items():
-            env = {**self.env, "VLLM_OMNI_SERVER_STORAGE__PATH": str(self.workdir / f"storage-{name}")}
-            self.procs[name] = ServeProcess(
-                model=str(self.model), args=[*self.base_args, *args], env=env, log_path=self.workdir / f"{name}.log"
-            ).start()
-        for name in specs:
-            self.procs[name].wait_ready(timeout)
-            print(f"[bench] {name}: ready after {self.procs[name].ready_after_s:.0f} s", flush=True)
-
-    def stop(self, *names: str) -> None:
-        for name in names or list(self.procs):
-            proc = self.procs.pop(name, None)
-            if proc is not None:
-                proc.stop()
-
-    def url(self, name: str) -> str:
-        return self.procs[name].url
-
-
-def _model(args) -> Path:
-    from omni_ext.models.tiny import build_tiny_model
-
-    root = Path(args.models_dir or Path(tempfile.gettempdir()) / "omni-ext-bench-models")
-    out = root / f"wan2.1-t2v-{args.model_size}-float32"
-    if not (out / "model_index.json").exists():
-        build_tiny_model("wan2.1-t2v", out, size=args.model_size, dtype="float32")
-    return out
-
-
-def _common(args) -> tuple[Path, Path, list[str], dict[str, str]]:
-    model = _model(args)
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="omni-ext-bench-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    base_args = ["--dtype", "float32", "--enforce-eager"]
-    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return model, workdir, base_args, env
-
-
-def _fields(args, **over) -> dict[str, Any]:
-    w, h = args.size.split("x")
-    f = {
-        "prompt": "a red fox running through fresh snow",
-        "negative_prompt": "blurry, low quality",
-        "size": f"{w}x{h}",
-        "num_frames": args.frames,
-        "num_inference_steps": args.steps,
-        "guidance_scale": 4.0,
-        "seed": 1234,
-        "fps": 8,
-    }
-    f.update(over)
-    return f
-
-
-def _median(xs: list[float]) -> float:
-    return float(statistics.median(xs)) if xs else float("nan")
-
-
-def _host() -> dict[str, Any]:
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    return {"cpus": os.cpu_count(), "loadavg_at_start": load, "python": platform.python_version()}
+from omni_ext.bench.client import sync_burst, sync_request
+from omni_ext.bench.common import TUNED, Servers, host_info, median, setup, video_fields, write_result
 
 
 # ------------------------------------------------------------------------------------------------
 def run_cfg_parallel(args) -> dict[str, Any]:
-    model, workdir, base_args, env = _common(args)
-    fields = _fields(args)
+    model, workdir, base_args, env = setup(args)
+    fields = video_fields(args)
     one_args = ["--distributed-executor-backend", "mp", "--enable-diffusion-pipeline-profiler"]
-    servers = _Servers(model, workdir, base_args, env)
+    servers = Servers(model, workdir, base_args, env)
     runs: dict[str, list[dict[str, Any]]] = {"one_device_phase1": [], "stock_cfg2": [], "one_device_phase2": [], "tuned_cfg2": []}
     out: dict[str, Any] = {
         "benchmark": "cfg-parallel",
@@ -140,7 +40,7 @@ def run_cfg_parallel(args) -> dict[str, Any]:
         "request": {k: fields[k] for k in ("size", "num_frames", "num_inference_steps", "guidance_scale")},
         "threads_per_worker": 1,
         "reps": args.reps,
-        "host": _host(),
+        "host": host_info(),
         "workdir": str(workdir),
     }
     try:
@@ -153,11 +53,11 @@ def run_cfg_parallel(args) -> dict[str, Any]:
                 specs = {"one": one_args, **specs}
             servers.start(specs, args.start_timeout)
             for name in ("one", other):  # warm-up (first-call costs), not recorded
-                _request(servers.url(name), _fields(args, seed=1))
+                sync_request(servers.url(name), video_fields(args, seed=1))
             for i in range(args.reps):
                 order = ("one", other) if i % 2 == 0 else (other, "one")
                 for name in order:
-                    r = _request(servers.url(name), fields)
+                    r = sync_request(servers.url(name), fields)
                     key = f"one_device_phase{phase}" if name == "one" else other
                     runs[key].append(r)
                     print(f"[bench] phase {phase} rep {i}: {key} {r['latency_s']:.2f} s", flush=True)
@@ -171,7 +71,7 @@ def run_cfg_parallel(args) -> dict[str, Any]:
         out["host_ceiling"] = measure(model, h, w, args.frames, args.steps)
         print(f"[bench] host ceiling (transformer loop only, no server): {out['host_ceiling']['speedup']:.3f}x", flush=True)
     lat = {k: [r["latency_s"] for r in v] for k, v in runs.items()}
-    med = {k: _median(v) for k, v in lat.items()}
+    med = {k: median(v) for k, v in lat.items()}
     shares, step_ms = [], []
     for r in runs["one_device_phase1"] + runs["one_device_phase2"]:
         if r["stages"].get("Wan22Pipeline.diffuse"):
@@ -185,8 +85,8 @@ def run_cfg_parallel(args) -> dict[str, Any]:
         {
             "runs": runs,
             "median_latency_s": med,
-            "vae_decode_plus_text_encode_share_of_one_device": _median(shares) if shares else None,
-            "cfg_step_ms_one_device": _median(step_ms) if step_ms else None,
+            "vae_decode_plus_text_encode_share_of_one_device": median(shares) if shares else None,
+            "cfg_step_ms_one_device": median(step_ms) if step_ms else None,
             "cfg_parallel": {
                 "e2e_speedup_tuned": med["one_device_phase2"] / med["tuned_cfg2"],
                 "e2e_speedup_stock": med["one_device_phase1"] / med["stock_cfg2"],
@@ -200,32 +100,23 @@ def run_cfg_parallel(args) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------
-def _burst(url: str, fields: dict[str, Any], n: int) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        futs = [pool.submit(_request, url, {**fields, "seed": 100 + i}) for i in range(n)]
-        lats = [f.result()["latency_s"] for f in futs]
-    wall = time.perf_counter() - t0
-    return {"requests": n, "wall_s": wall, "throughput_rps": n / wall, "latencies_s": lats}
-
-
-def _paired_throughput(servers: _Servers, a: str, b: str, fields: dict[str, Any], args) -> tuple[list, list]:
+def _paired_throughput(servers: Servers, a: str, b: str, fields: dict[str, Any], args) -> tuple[list, list]:
     for name in (a, b):
-        _request(servers.url(name), {**fields, "seed": 1})  # warm-up
+        sync_request(servers.url(name), {**fields, "seed": 1})  # warm-up
     ra, rb = [], []
     for i in range(args.reps):
         for name in ((a, b) if i % 2 == 0 else (b, a)):
-            r = _burst(servers.url(name), fields, args.concurrency)
+            r = sync_burst(servers.url(name), fields, args.concurrency)
             (ra if name == a else rb).append(r)
             print(f"[bench] rep {i}: {name} {r['throughput_rps']:.3f} req/s ({r['wall_s']:.1f} s)", flush=True)
     return ra, rb
 
 
 def run_data_parallel(args) -> dict[str, Any]:
-    model, workdir, base_args, env = _common(args)
-    cfg_on = _fields(args)
-    cfg_off = _fields(args, guidance_scale=1.0)
-    servers = _Servers(model, workdir, base_args, env)
+    model, workdir, base_args, env = setup(args)
+    cfg_on = video_fields(args)
+    cfg_off = video_fields(args, guidance_scale=1.0)
+    servers = Servers(model, workdir, base_args, env)
     dp2 = json.dumps({"omni_ext": {"data_parallel_size": 2}})
     res: dict[str, Any] = {}
     stock_error = None
@@ -249,7 +140,7 @@ def run_data_parallel(args) -> dict[str, Any]:
         res["stock_cfg2_cfg_off"], res["tuned_cfg2_cfg_off"] = _paired_throughput(servers, "stock_cfg2", "tuned_cfg2", cfg_off, args)
     finally:
         servers.stop()
-    med = {k: _median([r["throughput_rps"] for r in v]) for k, v in res.items()}
+    med = {k: median([r["throughput_rps"] for r in v]) for k, v in res.items()}
     ceiling = None
     if not getattr(args, "skip_ceiling", False):
         from omni_ext.bench.ceiling import measure
@@ -268,7 +159,7 @@ def run_data_parallel(args) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "threads_per_worker": 1,
         "reps": args.reps,
-        "host": _host(),
+        "host": host_info(),
         "workdir": str(workdir),
         "runs": res,
         "median_throughput_rps": med,
@@ -305,9 +196,5 @@ def main_data_parallel(args) -> int:
 
 
 def _write(args, result: dict[str, Any], lines: list[tuple[str, Any]]) -> int:
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True))
-    for name, value in lines:
-        print(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}")
-    print(f"[bench] wrote {args.json}")
-    return 0
+    text = "\n".join(f"{name}: {value:.3f}" if isinstance(value, float) else f"{name}: {value}" for name, value in lines)
+    return write_result(args.json, result, text)

@@ -1,0 +1,322 @@
+"""What every ``omni-ext bench ...`` command shares: the tiny model, the servers, the request fields,
+the host's state, goals and pass/fail, the comparison table, the progress bar and the JSON file.
+
+The measuring parts (servers, HTTP) are used by :mod:`omni_ext.bench.runner` (cfg-parallel,
+data-parallel) and by the scheduler benchmarks (:mod:`omni_ext.bench.adaptive`,
+:mod:`omni_ext.bench.mixed`, :mod:`omni_ext.bench.admission`); the arithmetic parts (figures,
+table, progress line, load check, option profiles) are pure and unit-tested in ``tests/test_bench.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+TUNED = "omni_ext.executor.TunedExecutor"
+#: Serve flags of every benchmark server (float32 tiny model, no graph capture).
+BASE_ARGS = ["--dtype", "float32", "--enforce-eager"]
+#: Environment of every benchmark server: one thread per worker, offline.
+BASE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "OMNI_EXT_LOG_LEVEL": "INFO"}
+#: Above this 1-minute load average before a run starts, its figures are not called measurements.
+DEFAULT_MAX_LOAD = 1.0
+PROMPT = "a red fox running through fresh snow"
+NEGATIVE = "blurry, low quality"
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+# ---- model and servers ---------------------------------------------------------------------------
+def model_path(args) -> Path:
+    root = Path(args.models_dir or Path(tempfile.gettempdir()) / "omni-ext-bench-models")
+    return root / f"wan2.1-t2v-{args.model_size}-float32"
+
+
+def tiny_model(args) -> Path:
+    """The tiny Wan2.1 model of ``--model-size`` (float32), built once and cached under ``--models-dir``."""
+    from omni_ext.models.tiny import build_tiny_model
+
+    out = model_path(args)
+    if not (out / "model_index.json").exists():
+        build_tiny_model("wan2.1-t2v", out, size=args.model_size, dtype="float32")
+    return out
+
+
+def setup(args) -> tuple[Path, Path, list[str], dict[str, str]]:
+    """(model, workdir, base serve args, base env) of one benchmark run."""
+    model = tiny_model(args)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="omni-ext-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    return model, workdir, list(BASE_ARGS), dict(BASE_ENV)
+
+
+def shell_command(argv: Sequence[str], env: dict[str, str]) -> str:
+    """One copy-pasteable line: the environment overrides, then the command."""
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), shlex.join(list(argv))])
+
+
+def additional_config(**omni_ext: Any) -> list[str]:
+    """``--additional-config`` with an ``omni_ext`` section (empty values left out)."""
+    section = {k: v for k, v in omni_ext.items() if v not in (None, {}, [])}
+    return ["--additional-config", json.dumps({"omni_ext": section}, sort_keys=True)] if section else []
+
+
+class Servers:
+    """Start/stop ``ServeProcess`` servers of one benchmark; records the exact command of each."""
+
+    def __init__(self, model: Path, workdir: Path, base_args: list[str], env: dict[str, str]) -> None:
+        self.model, self.workdir, self.base_args, self.env = model, workdir, base_args, env
+        self.procs: dict[str, Any] = {}
+        self.commands: dict[str, dict[str, Any]] = {}
+
+    def server_env(self, name: str) -> dict[str, str]:
+        return {**self.env, "VLLM_OMNI_SERVER_STORAGE__PATH": str(self.workdir / f"storage-{name}"),
+                "OMNI_EXT_API_DATA_DIR": str(self.workdir / f"api-{name}")}
+
+    def start(self, specs: dict[str, list[str]], timeout: float) -> None:
+        from omni_ext.server_process import ServeProcess
+
+        for name, args in specs.items():
+            env = self.server_env(name)
+            proc = ServeProcess(model=str(self.model), args=[*self.base_args, *args], env=env,
+                                log_path=self.workdir / f"{name}.log").start()
+            self.procs[name] = proc
+            self.commands[name] = {"argv": proc.command(), "env": env, "shell": shell_command(proc.command(), env),
+                                   "log": str(proc.log_path)}
+        for name in specs:
+            self.procs[name].wait_ready(timeout)
+            log(f"{name}: ready after {self.procs[name].ready_after_s:.0f} s")
+
+    def stop(self, *names: str) -> None:
+        for name in names or list(self.procs):
+            proc = self.procs.pop(name, None)
+            if proc is not None:
+                proc.stop()
+
+    def url(self, name: str) -> str:
+        return self.procs[name].url
+
+    def log_path(self, name: str) -> Path:
+        return self.procs[name].log_path
+
+
+def planned_commands(model: Path, specs: dict[str, list[str]]) -> dict[str, str]:
+    """The serve command of each server as a dry run prints it (port chosen at start)."""
+    try:
+        from omni_ext.server_process import vllm_omni_exe
+
+        exe = vllm_omni_exe()
+    except FileNotFoundError:
+        exe = "vllm-omni"
+    return {name: shell_command([exe, "serve", str(model), "--omni", "--host", "127.0.0.1", "--port", "PORT",
+                                 *BASE_ARGS, *args], BASE_ENV) for name, args in specs.items()}
+
+
+# ---- requests --------------------------------------------------------------------------------------
+def video_fields(args, **over) -> dict[str, Any]:
+    w, h = args.size.split("x")
+    f = {
+        "prompt": PROMPT,
+        "negative_prompt": NEGATIVE,
+        "size": f"{w}x{h}",
+        "num_frames": args.frames,
+        "num_inference_steps": args.steps,
+        "guidance_scale": 4.0,
+        "seed": 1234,
+        "fps": 8,
+    }
+    f.update(over)
+    return f
+
+
+def size_hw(size: str) -> tuple[int, int]:
+    """(height, width) of ``WxH``."""
+    w, h = (int(v) for v in size.lower().split("x"))
+    return h, w
+
+
+# ---- statistics and figures ------------------------------------------------------------------------
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, None when either is missing, not finite or ``b`` is 0."""
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return None
+    return a / b
+
+
+def judge(value: float | None, op: str, target: float) -> bool | None:
+    """Whether ``value`` meets the goal ``op target`` (``<=`` or ``>=``); None without a value."""
+    if value is None or not math.isfinite(value):
+        return None
+    if op == "<=":
+        return value <= target
+    if op == ">=":
+        return value >= target
+    raise ValueError(f"unknown goal operator {op!r}")
+
+
+def figure(value: float | None, op: str, target: float, measurement: bool, **extra: Any) -> dict[str, Any]:
+    """One figure of the JSON: value, goal, pass/fail, and whether the run counts as a measurement."""
+    return {"value": value, "goal": f"{op} {target:g}", "goal_op": op, "goal_value": target,
+            "pass": judge(value, op, target), "measurement": measurement, **extra}
+
+
+def verdict(fig: dict[str, Any]) -> str:
+    if fig.get("pass") is None:
+        return "n/a"
+    word = "PASS" if fig["pass"] else "FAIL"
+    return word if fig.get("measurement", True) else f"{word} (not a measurement)"
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table with left-aligned columns (values through :func:`fmt`)."""
+    cells = [[str(h) for h in headers], *[[fmt(v) for v in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def figures_table(figures: dict[str, dict[str, Any]], extra_cols: dict[str, dict[str, Any]] | None = None) -> str:
+    """The comparison table of a benchmark's figures: value, goal, verdict, and any extra columns
+    (column name -> figure name -> value, e.g. the bare host ceiling)."""
+    extra_cols = extra_cols or {}
+    headers = ["figure", "value", "goal", "verdict", *extra_cols]
+    rows = [[name, f["value"], f["goal"], verdict(f), *(col.get(name) for col in extra_cols.values())]
+            for name, f in figures.items()]
+    return format_table(headers, rows)
+
+
+# ---- host --------------------------------------------------------------------------------------------
+def host_info(max_load: float = DEFAULT_MAX_LOAD) -> dict[str, Any]:
+    """CPUs, ``uptime`` and the load average now, and whether the host is quiet enough for a measurement."""
+    try:
+        load: list[float] | None = list(os.getloadavg())
+    except OSError:
+        load = None
+    try:
+        uptime = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        uptime = None
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "uptime": uptime,
+            "loadavg_at_start": load, **load_check(load[0] if load else None, max_load)}
+
+
+def load_check(load1: float | None, max_load: float) -> dict[str, Any]:
+    """``measurement``: False when the 1-minute load was above ``max_load`` before starting (the
+    figures are then recorded but not called measurements), with the warning that says so."""
+    busy = load1 is not None and load1 > max_load
+    warning = (f"1-minute load {load1:.2f} > {max_load:g} before starting: the host is busy, the figures "
+               "of this run are recorded but are not measurements") if busy else None
+    return {"max_load": max_load, "measurement": not busy, "warning": warning}
+
+
+def finish_host(host: dict[str, Any]) -> None:
+    """Add the load average at the end of the run (after the servers stopped)."""
+    try:
+        host["loadavg_at_end"] = list(os.getloadavg())
+    except OSError:
+        host["loadavg_at_end"] = None
+
+
+def warn_if_busy(host: dict[str, Any]) -> None:
+    if host.get("warning"):
+        log(f"WARNING: {host['warning']}")
+
+
+# ---- option profiles (defaults vs --quick) ----------------------------------------------------------
+def apply_profile(args, defaults: dict[str, Any], quick: dict[str, Any]) -> None:
+    """Fill every option the user left unset (None) from ``quick`` under ``--quick``, else from
+    ``defaults``; options given on the command line always win."""
+    profile = {**defaults, **(quick if getattr(args, "quick", False) else {})}
+    for key, value in profile.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+# ---- progress --------------------------------------------------------------------------------------
+def progress_line(label: str, done: int, total: int, elapsed_s: float, width: int = 24, note: str = "") -> str:
+    """``label [#####.....] done/total  elapsed, ~left`` (the estimate from the rate so far)."""
+    total = max(1, total)
+    done = max(0, min(done, total))
+    filled = int(round(width * done / total))
+    left = f", ~{elapsed_s * (total - done) / done:.0f} s left" if 0 < done < total else ""
+    tail = f"  {note}" if note else ""
+    return f"{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}  {elapsed_s:.0f} s{left}{tail}"
+
+
+class Progress:
+    """A progress bar on stderr: redrawn in place on a terminal, one line per change (at most one a
+    ``min_interval_s``) in a log file. Thread-safe."""
+
+    def __init__(self, label: str, total: int, stream=None, min_interval_s: float = 2.0) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.min_interval_s = min_interval_s
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._lock = threading.Lock()
+        self._draw("", force=True)
+
+    def advance(self, n: int = 1, note: str = "") -> None:
+        with self._lock:
+            self.done += n
+            self._draw(note, force=self.done >= self.total)
+
+    def _draw(self, note: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.tty and not force and now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        line = "[bench] " + progress_line(self.label, self.done, self.total, now - self.t0, note=note)
+        self.stream.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---- output ----------------------------------------------------------------------------------------
+def write_result(path: str | Path, result: dict[str, Any], table: str) -> int:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
+    print(table, flush=True)
+    log(f"wrote {path}")
+    return 0
+
+
+def print_plan(plan: dict[str, Any]) -> int:
+    """``--dry-run``: what the benchmark would start and send, without starting anything."""
+    print(json.dumps(plan, indent=2, default=str), flush=True)
+    log("dry run: nothing was started")
+    return 0

@@ -1,0 +1,258 @@
+"""``omni-ext bench mixed``: a closed burst of mixed lengths on two groups, cost order vs FIFO.
+
+Two TunedExecutor servers with two data-parallel groups of one worker
+(``{"omni_ext": {"data_parallel_size": 2}}``), run side by side, that differ only in
+``omni_ext.scheduler.order``: "cost" (priority, aging, longest predicted first: omni-ext) and
+"fifo" (arrival order: vLLM-Omni's). On each:
+
+1. every distinct length of ``--frames`` alone, ``--single-reps`` times: the job times the bound is
+   made of (measured on that server, in this run, before the bursts);
+2. ``--reps`` bursts: all of ``--frames`` sent at once, in that arrival order (81, 17, 81, 17, 81, 17
+   by default, which hurts FIFO), as asynchronous jobs (``POST /v1/videos`` one after another, so
+   the arrival order is the given one); makespan = last job stored - first job sent. With
+   ``--order-variants`` also "longest last" (ascending) and short/long alternating.
+
+``mixed.makespan_over_bound`` = makespan / ``max(sum of job times / 2, longest job time)``, goal
+<= 1.10, for the cost order (the FIFO server's beside it). The JSON also holds what list scheduling
+predicts from the single timings (arrival order = FIFO, longest first = LPT), the optimal makespan
+of the burst (often above the bound: three 81-frame jobs cannot split evenly over two groups), and
+the bare host's two-process ceiling (two jobs at once are slower than one alone on a shared host).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omni_ext.bench import common as c
+from omni_ext.bench import schedule as s
+from omni_ext.bench.client import JobTracker, post_video, sync_burst
+from omni_ext.bench.logwatch import LogWatcher
+
+ORDERS = ("cost", "fifo")
+GROUPS = 2
+GOAL = ("<=", 1.10)
+# 64x64, 20 steps: an 81-frame CFG job ~7-8 s on one thread, a 17-frame one ~3 s: a burst ~20 s.
+DEFAULTS = {"size": "64x64", "frames": "81,17,81,17,81,17", "steps": 20, "single_reps": 2, "reps": 2,
+            "skip_ceiling": False, "order_variants": False}
+QUICK = {"size": "64x64", "frames": "33,9,33,9", "steps": 4, "single_reps": 1, "reps": 1, "skip_ceiling": True}
+
+
+def server_name(order: str) -> str:
+    return f"tuned_dp2_{order}"
+
+
+def server_specs() -> dict[str, list[str]]:
+    return {server_name(o): ["--distributed-executor-backend", c.TUNED,
+                             *c.additional_config(data_parallel_size=GROUPS, scheduler={"order": o})] for o in ORDERS}
+
+
+# ---- measuring ---------------------------------------------------------------------------------------
+def run_jobs(url: str, tracker: JobTracker, watcher: LogWatcher, args, frames: list[int], seed: int,
+             timeout: float, progress: c.Progress | None = None) -> dict[str, Any]:
+    """Send one asynchronous job per entry of ``frames`` (in that order, back to back) and wait for all.
+    Times are relative to the first send."""
+    answers = [post_video(url, c.video_fields(args, num_frames=f, seed=seed + i)) for i, f in enumerate(frames)]
+    t0 = answers[0].sent_at
+    errors = [a.record() for a in answers if a.kind != "job"]
+    ids = [a.job_id for a in answers if a.kind == "job"]
+    ends = tracker.wait(ids, timeout, progress)
+    jobs = []
+    for f, a in zip(frames, answers):
+        if a.kind != "job":
+            continue
+        end = ends[a.job_id]
+        start = watcher.first("start", a.job_id)
+        jobs.append({"id": a.job_id, "frames": f, "sent_s": a.sent_at - t0,
+                     "started_s": start.t - t0 if start else None, "ranks": list(start.ranks) if start else None,
+                     "ended_s": end.ended_at - t0, "end_source": end.source, "status": end.status,
+                     "latency_s": end.ended_at - a.sent_at})
+    ok = not errors and all(j["status"] == "completed" for j in jobs)
+    return {"frames": frames, "ok": ok, "errors": errors, "jobs": jobs,
+            "makespan_s": max((j["ended_s"] for j in jobs), default=None) if ok else None}
+
+
+def _job_timeout(args, frames: list[int]) -> float:
+    return 120.0 + 10.0 * sum(frames) * args.steps / 20.0
+
+
+def run(args) -> dict[str, Any]:
+    host = c.host_info(args.max_load)
+    c.warn_if_busy(host)
+    frames = s.parse_frames(args.frames)
+    orders = s.arrival_orders(frames, args.order_variants)
+    lengths = sorted(set(frames))
+    model, workdir, base_args, env = c.setup(args)
+    servers = c.Servers(model, workdir, base_args, env)
+    raw: dict[str, dict[str, Any]] = {o: {"single": {str(f): [] for f in lengths}, "bursts": {v: [] for v in orders}}
+                                      for o in ORDERS}
+    total = len(ORDERS) * (len(lengths) * args.single_reps + args.reps * sum(len(v) for v in orders.values()))
+    watchers: dict[str, LogWatcher] = {}
+    progress = None
+    try:
+        servers.start(server_specs(), args.start_timeout)
+        trackers = {}
+        for o in ORDERS:
+            name = server_name(o)
+            watchers[o] = LogWatcher(servers.log_path(name)).start()
+            trackers[o] = JobTracker(servers.url(name), watchers[o])
+            for f in lengths:  # both groups pay their first calls at every length
+                sync_burst(servers.url(name), c.video_fields(args, num_frames=f, seed=1), GROUPS)
+        progress = c.Progress("mixed: jobs", total)
+        for o in ORDERS:  # single-job timings, each length alone
+            for rep in range(args.single_reps):
+                for f in lengths:
+                    r = run_jobs(servers.url(server_name(o)), trackers[o], watchers[o], args, [f], 500 + rep,
+                                 _job_timeout(args, [f]), progress)
+                    if not r["ok"]:
+                        raise RuntimeError(f"single {f}-frame job on {server_name(o)} failed: {r}")
+                    raw[o]["single"][str(f)].append(r["jobs"][0]["latency_s"])
+        for rep in range(args.reps):
+            for variant, order in orders.items():
+                pair = ORDERS if rep % 2 == 0 else ORDERS[::-1]
+                for o in pair:
+                    r = run_jobs(servers.url(server_name(o)), trackers[o], watchers[o], args, order, 1000 + 10 * rep,
+                                 _job_timeout(args, order), progress)
+                    raw[o]["bursts"][variant].append(r)
+                    c.log(f"rep {rep} {variant} order={o}: makespan {c.fmt(r['makespan_s'], 2)} s")
+    finally:
+        for w in watchers.values():
+            w.stop()
+        servers.stop()
+        if progress is not None:
+            progress.close()
+    ceiling = None
+    if not args.skip_ceiling:
+        from omni_ext.bench.ceiling import measure
+
+        c.log("bare host ceiling (no server): two independent processes vs one (~1 min)")
+        h, w = c.size_hw(args.size)
+        ceiling = measure(model, h, w, min(frames), args.steps, independent=True)
+        ceiling["frames"] = min(frames)
+    c.finish_host(host)
+    return summarize(raw, orders, ceiling, host, _facts(args, frames), servers.commands, str(workdir))
+
+
+def _facts(args, frames: list[int]) -> dict[str, Any]:
+    fields = c.video_fields(args, num_frames=frames[0])
+    return {"model_size": args.model_size, "groups": GROUPS,
+            "request": {k: fields[k] for k in ("size", "num_inference_steps", "guidance_scale")},
+            "frames": frames, "single_reps": args.single_reps, "reps": args.reps}
+
+
+# ---- summary (pure) --------------------------------------------------------------------------------
+def burst_figures(single_s: dict[str, float], order: list[int], makespans: list[float | None]) -> dict[str, Any]:
+    """Bound, predicted and measured makespans of one arrival order on one server."""
+    job_s = [single_s[str(f)] for f in order]
+    bound = s.makespan_bound(job_s, GROUPS)
+    done = [m for m in makespans if m is not None]
+    med = c.median(done) if done else None
+    opt = s.optimal_makespan(job_s, GROUPS)
+    return {
+        "order": order, "job_s": job_s, **bound,
+        "makespans_s": makespans, "median_makespan_s": med,
+        "makespan_over_bound": c.ratio(med, bound["bound_s"]),
+        "predicted_fifo_makespan_s": s.list_schedule(job_s, GROUPS),
+        "predicted_lpt_makespan_s": s.lpt_makespan(job_s, GROUPS),
+        "optimal_makespan_s": opt,
+        "optimal_over_bound": c.ratio(opt, bound["bound_s"]),
+        "failed_bursts": len(makespans) - len(done),
+    }
+
+
+def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceiling: dict[str, Any] | None,
+              host: dict[str, Any], facts: dict[str, Any], commands: dict[str, Any], workdir: str = "") -> dict[str, Any]:
+    measurement = bool(host.get("measurement", True))
+    per: dict[str, dict[str, Any]] = {}
+    for o in ORDERS:
+        single = {f: c.median(v) for f, v in raw[o]["single"].items()}
+        per[o] = {"single_job_s": single, "single_runs_s": raw[o]["single"],
+                  "orders": {v: burst_figures(single, order, [b["makespan_s"] for b in raw[o]["bursts"][v]])
+                             for v, order in orders.items()}}
+    contention = c.ratio(2.0, ceiling.get("throughput_ratio")) if ceiling else None
+    figures: dict[str, dict[str, Any]] = {}
+    for v in orders:
+        cost, fifo = per["cost"]["orders"][v], per["fifo"]["orders"][v]
+        name = "mixed.makespan_over_bound" if v == "given" else f"mixed.makespan_over_bound.{v}"
+        extra = {"fifo_value": fifo["makespan_over_bound"], "order": orders[v],
+                 "optimal_over_bound": cost["optimal_over_bound"]}
+        if contention:
+            extra["over_host_adjusted_bound"] = c.ratio(cost["makespan_over_bound"], contention)
+        figures[name] = c.figure(cost["makespan_over_bound"], *GOAL, measurement, **extra)
+    if len(orders) > 1:
+        vals = [f["value"] for f in figures.values()]
+        worst = None if any(v is None for v in vals) else max(vals)
+        figures["mixed.worst_makespan_over_bound"] = c.figure(worst, *GOAL, measurement,
+                                                              fifo_value=_worst([f["fifo_value"] for f in figures.values()]))
+    given_cost, given_fifo = per["cost"]["orders"]["given"], per["fifo"]["orders"]["given"]
+    return {
+        "benchmark": "mixed",
+        "model": f"tiny Wan2.1-T2V '{facts.get('model_size')}' (random weights, float32)",
+        **{k: v for k, v in facts.items() if k != "model_size"},
+        "arrival_orders": orders,
+        "threads_per_worker": 1,
+        "host": host,
+        "measurement": measurement,
+        "workdir": workdir,
+        "server_commands": commands,
+        "runs": raw,
+        "by_server": per,
+        "mixed": {
+            "makespan_over_bound": given_cost["makespan_over_bound"],
+            "goal_makespan_over_bound": f"{GOAL[0]} {GOAL[1]:g}",
+            "pass_makespan_over_bound": figures["mixed.makespan_over_bound"]["pass"],
+            "bound_inputs": {"single_job_s": per["cost"]["single_job_s"], "total_s": given_cost["total_s"],
+                             "longest_s": given_cost["longest_s"], "groups": GROUPS, "bound_s": given_cost["bound_s"]},
+            "makespan_s": given_cost["median_makespan_s"],
+            "fifo": {"makespan_over_bound": given_fifo["makespan_over_bound"], "makespan_s": given_fifo["median_makespan_s"],
+                     "bound_inputs": {"single_job_s": per["fifo"]["single_job_s"], "total_s": given_fifo["total_s"],
+                                      "longest_s": given_fifo["longest_s"], "bound_s": given_fifo["bound_s"]}},
+            **({"worst_makespan_over_bound": figures["mixed.worst_makespan_over_bound"]["value"]} if len(orders) > 1 else {}),
+        },
+        "host_ceiling": ({**ceiling, "two_jobs_at_once_slowdown": contention} if ceiling else None),
+        "figures": figures,
+    }
+
+
+def _worst(vals: list[float | None]) -> float | None:
+    return None if any(v is None for v in vals) else max(vals)
+
+
+def table(result: dict[str, Any]) -> str:
+    figs = result["figures"]
+    out = [c.figures_table(figs, {"fifo (vLLM-Omni order)": {k: f.get("fifo_value") for k, f in figs.items()},
+                                  "optimal/bound": {k: f.get("optimal_over_bound") for k, f in figs.items()}})]
+    rows = []
+    for v, order in result["arrival_orders"].items():
+        for o in ORDERS:
+            b = result["by_server"][o]["orders"][v]
+            rows.append([v, ",".join(map(str, order)), f"order={o}", b["bound_s"], b["median_makespan_s"],
+                         b["makespan_over_bound"], b["predicted_lpt_makespan_s"] if o == "cost" else b["predicted_fifo_makespan_s"],
+                         b["optimal_makespan_s"]])
+    out.append(c.format_table(["arrival", "frames", "server", "bound (s)", "makespan (s)", "makespan/bound",
+                               "list-scheduling prediction (s)", "optimal (s)"], rows))
+    singles = "; ".join(f"order={o}: " + ", ".join(f"{f} frames {c.fmt(t, 2)} s" for f, t in
+                                                    result["by_server"][o]["single_job_s"].items()) for o in ORDERS)
+    out.append(f"single-job times (alone): {singles}")
+    ceil = result.get("host_ceiling")
+    if ceil:
+        out.append(f"bare host: two independent processes {c.fmt(ceil.get('throughput_ratio'))}x one "
+                   f"(two jobs at once each {c.fmt(ceil.get('two_jobs_at_once_slowdown'))}x slower than alone)")
+    if not result["measurement"]:
+        out.append(f"NOT A MEASUREMENT: {result['host']['warning']}")
+    return "\n\n".join(out)
+
+
+def dry_run(args) -> dict[str, Any]:
+    frames = s.parse_frames(args.frames)
+    orders = s.arrival_orders(frames, args.order_variants)
+    return {"benchmark": "mixed", "servers (side by side)": c.planned_commands(c.model_path(args), server_specs()),
+            "request": c.video_fields(args, num_frames=frames[0]), **_facts(args, frames), "arrival_orders": orders,
+            "ceiling": not args.skip_ceiling, "goal": f"mixed.makespan_over_bound {GOAL[0]} {GOAL[1]:g}"}
+
+
+def main(args) -> int:
+    c.apply_profile(args, DEFAULTS, QUICK)
+    if args.dry_run:
+        return c.print_plan(dry_run(args))
+    result = run(args)
+    return c.write_result(args.json, result, table(result))

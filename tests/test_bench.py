@@ -1,0 +1,395 @@
+"""The scheduler benchmarks' arithmetic and JSON (``omni_ext.bench``), on plain data: no server, no
+timing assertion. The benchmarks themselves run real servers (``omni-ext bench adaptive|mixed|admission``)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from omni_ext.bench import adaptive, admission, mixed
+from omni_ext.bench import common as c
+from omni_ext.bench import schedule as s
+from omni_ext.bench.client import JobTracker, classify, retry_delay_s
+from omni_ext.bench.logwatch import LogEvent, LogWatcher, mode_counts, parse_line, running_at, same_job
+from omni_ext.cli import build_parser
+
+HOST = {"cpus": 2, "loadavg_at_start": [0.2, 0.3, 0.4], "uptime": "up", **c.load_check(0.2, 1.0)}
+BUSY = {"cpus": 2, "loadavg_at_start": [2.5, 2.0, 1.0], "uptime": "up", **c.load_check(2.5, 1.0)}
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(["bench", *argv])
+
+
+# ---- schedule ---------------------------------------------------------------------------------------
+def test_makespan_bound_is_the_larger_of_average_load_and_longest_job() -> None:
+    b = s.makespan_bound([25, 5, 25, 5, 25, 5], 2)
+    assert b == {"total_s": 90.0, "longest_s": 25.0, "total_over_groups_s": 45.0, "bound_s": 45.0}
+    assert s.makespan_bound([30, 1, 1], 2)["bound_s"] == 30.0  # one long job dominates
+
+
+def test_list_scheduling_fifo_lpt_and_optimum() -> None:
+    jobs = [7.5, 3.3, 7.5, 3.3, 7.5, 3.3]  # 81, 17, 81, 17, 81, 17 frames
+    assert s.list_schedule(jobs, 2) == pytest.approx(18.3)  # FIFO: the last 81 starts at 10.8
+    assert s.lpt_makespan(jobs, 2) == pytest.approx(17.4)
+    assert s.optimal_makespan(jobs, 2) == pytest.approx(17.4)
+    # Three equal long jobs cannot split evenly over two groups: the optimum is above the bound.
+    assert s.optimal_makespan([25, 25, 25, 5, 5, 5], 2) == 50.0
+    assert s.optimal_makespan([1.0] * 20, 2) is None  # too many for exhaustive search
+    assert s.optimal_makespan([], 2) == 0.0
+
+
+@pytest.mark.parametrize(
+    "capacity,max_wait,job,admitted",
+    [(2, 12.0, 3.3, 8), (2, 12.0, 3.0, 10), (2, 4.0, 5.0, 2), (1, 10.0, 2.5, 5)],
+)
+def test_expected_admitted_counts_jobs_predicted_to_start_within_max_wait(capacity, max_wait, job, admitted) -> None:
+    assert s.expected_admitted(capacity, max_wait, job) == admitted
+
+
+def test_burst_size_is_a_multiple_of_admitted_capped_and_always_past_it() -> None:
+    assert s.burst_size(8, 3.0, 48) == 24
+    assert s.burst_size(26, 3.0, 48) == 48
+    assert s.burst_size(10, 3.0, 5) == 11  # never a burst admission would take whole
+    with pytest.raises(ValueError):
+        s.expected_admitted(2, 10, 0)
+
+
+def test_frames_and_arrival_orders() -> None:
+    assert s.parse_frames("81, 17,81") == [81, 17, 81]
+    for bad in ("", "81,0", "x"):
+        with pytest.raises(ValueError):
+            s.parse_frames(bad)
+    frames = [81, 17, 81, 17, 81, 17]
+    assert s.alternating(frames) == [17, 81, 17, 81, 17, 81]
+    assert s.alternating(frames, short_first=False) == frames
+    assert s.arrival_orders(frames, False) == {"given": frames}
+    orders = s.arrival_orders(frames, True)
+    assert orders == {"given": frames, "longest_last": [17, 17, 17, 81, 81, 81],
+                      "alternating_short_first": [17, 81, 17, 81, 17, 81]}
+    assert list(s.arrival_orders([81, 17], True)) == ["given", "longest_last"]  # duplicates left out
+    assert list(s.arrival_orders([17, 81], True)) == ["given"]
+
+
+# ---- common -----------------------------------------------------------------------------------------
+def test_figures_judge_against_their_goal() -> None:
+    assert c.judge(1.0, "<=", 1.05) is True and c.judge(1.2, "<=", 1.05) is False
+    assert c.judge(1.15, ">=", 1.15) is True and c.judge(None, ">=", 1) is None
+    assert c.judge(float("nan"), "<=", 1) is None
+    with pytest.raises(ValueError):
+        c.judge(1.0, "<", 1.0)
+    f = c.figure(1.2, ">=", 1.15, True, note="x")
+    assert f == {"value": 1.2, "goal": ">= 1.15", "goal_op": ">=", "goal_value": 1.15, "pass": True,
+                 "measurement": True, "note": "x"}
+    assert c.verdict(f) == "PASS"
+    assert c.verdict(c.figure(0.5, ">=", 1.15, False)) == "FAIL (not a measurement)"
+    assert c.verdict(c.figure(None, ">=", 1.15, True)) == "n/a"
+
+
+def test_ratio_guards() -> None:
+    assert c.ratio(3.0, 2.0) == 1.5
+    assert c.ratio(None, 2.0) is None and c.ratio(1.0, 0.0) is None and c.ratio(float("nan"), 1.0) is None
+
+
+def test_host_load_above_the_limit_is_not_a_measurement() -> None:
+    assert c.load_check(0.5, 1.0) == {"max_load": 1.0, "measurement": True, "warning": None}
+    busy = c.load_check(2.82, 1.0)
+    assert busy["measurement"] is False and "2.82 > 1" in busy["warning"]
+    assert c.load_check(None, 1.0)["measurement"] is True  # no load average: nothing to hold against the run
+    info = c.host_info(max_load=1e9)
+    assert info["measurement"] is True and info["cpus"] >= 1 and "loadavg_at_start" in info
+    c.finish_host(info)
+    assert "loadavg_at_end" in info
+
+
+def test_table_aligns_columns_and_formats_values() -> None:
+    text = c.format_table(["a", "value"], [["x", 1.23456], ["longer", None], ["b", True]])
+    lines = text.splitlines()
+    assert lines[0].startswith("a       value") and set(lines[1]) <= {"-", " "}
+    assert "1.235" in lines[2] and lines[3].endswith("-") and lines[4].endswith("yes")
+
+
+def test_progress_line_and_bar() -> None:
+    assert c.progress_line("x", 0, 4, 0.0) == "x [" + "." * 24 + "] 0/4  0 s"
+    line = c.progress_line("x", 1, 4, 10.0, width=4, note="n")
+    assert line == "x [#...] 1/4  10 s, ~30 s left  n"
+    out = io.StringIO()
+    p = c.Progress("jobs", 2, stream=out, min_interval_s=0.0)
+    p.advance()
+    p.advance()
+    p.close()
+    assert out.getvalue().splitlines()[-1].startswith("[bench] jobs [" + "#" * 24 + "] 2/2")
+
+
+def test_profiles_fill_only_what_the_command_line_left_unset() -> None:
+    args = parse("mixed", "--quick", "--steps", "7", "--json", "x.json")
+    c.apply_profile(args, mixed.DEFAULTS, mixed.QUICK)
+    assert args.steps == 7 and args.frames == mixed.QUICK["frames"] and args.skip_ceiling is True
+    args = parse("mixed", "--json", "x.json")
+    c.apply_profile(args, mixed.DEFAULTS, mixed.QUICK)
+    assert args.frames == "81,17,81,17,81,17" and args.skip_ceiling is False and args.order_variants is False
+    args = parse("adaptive", "--json", "x.json", "--skip-ceiling")
+    c.apply_profile(args, adaptive.DEFAULTS, adaptive.QUICK)
+    assert args.skip_ceiling is True and args.concurrency == 8 and args.size == "80x80"
+
+
+def test_server_commands_are_copy_pasteable() -> None:
+    assert c.shell_command(["serve", "a b", "{}"], {"B": "2", "A": "x y"}) == "A='x y' B=2 serve 'a b' '{}'"
+    assert c.additional_config() == []
+    cfg = c.additional_config(data_parallel_size=2, scheduler={"order": "fifo"})
+    assert cfg[0] == "--additional-config"
+    assert json.loads(cfg[1]) == {"omni_ext": {"data_parallel_size": 2, "scheduler": {"order": "fifo"}}}
+    specs = mixed.server_specs()
+    assert {json.loads(a[-1])["omni_ext"]["scheduler"]["order"] for a in specs.values()} == {"cost", "fifo"}
+    modes = {json.loads(a[-1])["omni_ext"]["scheduler"]["cfg_mode"] for a in adaptive.server_specs().values()}
+    assert modes == set(adaptive.MODES)
+    assert all("--cfg-parallel-size" in a for a in adaptive.server_specs().values())
+
+
+# ---- client -----------------------------------------------------------------------------------------
+def test_retry_delay_prefers_milliseconds() -> None:
+    assert retry_delay_s({"Retry-After": "7", "retry-after-ms": "6250"}) == 6.25
+    assert retry_delay_s({"retry-after": "7"}) == 7.0
+    assert retry_delay_s({"Retry-After-Ms": "bad", "Retry-After": "3"}) == 3.0
+    assert retry_delay_s({}) is None and retry_delay_s({"retry-after": "-1"}) is None
+
+
+def test_answers_are_jobs_refusals_or_errors() -> None:
+    assert classify(200, {"id": "video_1"}, {}) == "job"
+    assert classify(429, {"error": {"code": "queue_full"}}, {"Retry-After": "4"}) == "refused"
+    assert classify(429, {"error": {"code": "queue_full"}}, {}) == "error"  # a 429 that does not say when
+    assert classify(200, {}, {}) == "error"
+    assert classify(503, {"error": {}}, {"Retry-After": "4"}) == "error"
+
+
+# ---- log watcher ------------------------------------------------------------------------------------
+START = "INFO 11-29 10:00:01 [omni-ext] omni-ext: start request video_ab-1f2e3d4c on rank(s) [0, 1] (pair), time limit 120 s"
+DONE = "INFO 11-29 10:00:04 [omni-ext] omni-ext: done request video_ab-1f2e3d4c on rank(s) [0, 1] in 3.05 s"
+
+
+def test_log_lines_parse() -> None:
+    e = parse_line(START, 5.0)
+    assert e == LogEvent("start", "video_ab-1f2e3d4c", 5.0, (0, 1), mode="pair")
+    d = parse_line(DONE, 8.0)
+    assert d.kind == "done" and d.seconds == 3.05 and d.ranks == (0, 1) and not d.error
+    assert parse_line(DONE + " (error)", 8.0).error
+    assert parse_line("omni-ext: start request x on rank(s) [1] (single)", 0).mode == "single"
+    assert parse_line("omni-ext: start request w on rank(s) [0, 1] (warm-up)", 0).mode == "warm-up"
+    done = parse_line("INFO ... omni-ext video video_ab completed in 3.40 s", 9.0)
+    assert done.kind == "completed" and done.request_id == "video_ab" and done.seconds == 3.4
+    assert parse_line("INFO something else entirely", 1.0) is None
+
+
+def test_engine_request_ids_match_their_job() -> None:
+    assert same_job("video_ab-1f2e3d4c", "video_ab") and same_job("video_ab", "video_ab")
+    assert not same_job("video_abc-1f2e3d4c", "video_ab")
+
+
+def test_running_at_and_mode_counts() -> None:
+    ev = [LogEvent("start", "w", 0.0, mode="warm-up"), LogEvent("start", "a", 1.0, mode="single"),
+          LogEvent("start", "b", 2.0, mode="single"), LogEvent("done", "a", 4.0), LogEvent("start", "c", 4.1, mode="pair")]
+    assert running_at(ev, 3.0) == ["a", "b"]
+    assert running_at(ev, 4.05) == ["b"]
+    assert running_at(ev, 5.0) == ["b", "c"]
+    assert mode_counts(ev) == {"warm-up": 1, "single": 2, "pair": 1}
+    assert mode_counts(ev, since=1.5, until=4.5) == {"single": 1, "pair": 1}
+
+
+def test_log_watcher_reads_lines_as_they_are_written(tmp_path: Path) -> None:
+    path = tmp_path / "server.log"
+    path.write_text("omni-ext: start request old on rank(s) [0] (single)\n")
+    w = LogWatcher(path, interval_s=0.01).start()  # only what is written from now on
+    try:
+        with open(path, "a") as f:
+            f.write(START[:40])
+            f.flush()
+            f.write(START[40:] + "\n" + DONE + "\n")
+        assert w.wait("done", "video_ab", timeout=30) is not None
+        assert w.first("start", "video_ab").mode == "pair"
+        assert w.first("start", "old") is None
+    finally:
+        w.stop()
+    assert [e.kind for e in w.events] == ["start", "done"]
+
+
+def test_job_tracker_with_nothing_to_wait_for() -> None:
+    assert JobTracker("http://127.0.0.1:9").wait([], timeout=1) == {}
+
+
+# ---- adaptive ---------------------------------------------------------------------------------------
+def _adaptive_raw() -> dict:
+    def bursts(*rps):
+        return [{"requests": 8, "wall_s": 8 / r, "throughput_rps": r, "latencies_s": [], "starts": {"single": 8}}
+                for r in rps]
+
+    return {
+        "pair": {"low_load_latencies_s": [3.0, 3.1, 2.9, 3.0, 3.2], "high_load": bursts(0.32, 0.33, 0.31)},
+        "single": {"low_load_latencies_s": [4.5, 4.6, 4.4, 4.5, 4.5], "high_load": bursts(0.40, 0.41, 0.39)},
+        "adaptive": {"low_load_latencies_s": [3.05, 3.1, 3.0, 3.0, 3.1], "high_load": bursts(0.40, 0.39, 0.40)},
+    }
+
+
+FACTS_A = {"model_size": "med", "request": {}, "low_load_requests": 5, "concurrency": 8, "reps": 3, "together": False}
+
+
+def test_adaptive_summary_ratios_goals_and_ceiling() -> None:
+    ceiling = {"cfg_pair": {"speedup": 1.8}, "two_ranks": {"throughput_ratio": 1.9}}
+    r = adaptive.summarize(_adaptive_raw(), ceiling, HOST, FACTS_A, {"x": {"shell": "vllm-omni serve ..."}})
+    f = r["figures"]
+    assert f["adaptive.low_load_latency_ratio"]["value"] == pytest.approx(3.05 / 3.0)
+    assert f["adaptive.low_load_latency_ratio"]["pass"] is True
+    assert f["adaptive.high_load_throughput_ratio"]["value"] == pytest.approx(0.40 / 0.32)
+    assert f["adaptive.high_load_throughput_ratio"]["pass"] is True
+    assert f["adaptive.high_load_vs_single_ratio"]["value"] == pytest.approx(0.40 / 0.40)
+    assert r["adaptive"]["low_load_latency_ratio"] == f["adaptive.low_load_latency_ratio"]["value"]
+    assert r["adaptive"]["goal_high_load_throughput_ratio"] == ">= 1.15"
+    assert r["host_ceiling"]["single_ranks_over_pair_throughput"] == pytest.approx(1.9 / 1.8)
+    assert r["high_load"]["starts_by_mode"]["adaptive"] == {"single": 24}
+    assert r["measurement"] is True and r["server_commands"]
+    json.dumps(r)  # JSON-ready
+    text = adaptive.table(r)
+    assert "adaptive.high_load_throughput_ratio" in text and "cfg_mode=single" in text and "PASS" in text
+
+
+def test_adaptive_on_a_busy_host_is_recorded_but_not_a_measurement() -> None:
+    r = adaptive.summarize(_adaptive_raw(), None, BUSY, FACTS_A, {})
+    assert r["measurement"] is False and r["host_ceiling"] is None
+    assert all(f["measurement"] is False for f in r["figures"].values())
+    assert "NOT A MEASUREMENT" in adaptive.table(r)
+
+
+# ---- mixed ------------------------------------------------------------------------------------------
+def _mixed_raw(orders: dict[str, list[int]], cost_makespans: list[float], fifo_makespans: list[float]) -> dict:
+    single = {"81": [7.4, 7.6], "17": [3.2, 3.4]}
+
+    def bursts(ms):
+        return {v: [{"makespan_s": m} for m in ms] for v in orders}
+
+    return {"cost": {"single": single, "bursts": bursts(cost_makespans)},
+            "fifo": {"single": single, "bursts": bursts(fifo_makespans)}}
+
+
+FACTS_M = {"model_size": "med", "groups": 2, "request": {}, "frames": [81, 17, 81, 17, 81, 17], "single_reps": 2, "reps": 2}
+
+
+def test_mixed_summary_bound_inputs_and_figures() -> None:
+    orders = s.arrival_orders(FACTS_M["frames"], False)
+    raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9])
+    r = mixed.summarize(raw, orders, {"throughput_ratio": 1.9}, HOST, FACTS_M, {})
+    inputs = r["mixed"]["bound_inputs"]
+    assert inputs["single_job_s"] == {"81": 7.5, "17": 3.3}
+    assert inputs["total_s"] == pytest.approx(32.4) and inputs["longest_s"] == 7.5
+    assert inputs["bound_s"] == pytest.approx(16.2)
+    assert r["mixed"]["makespan_over_bound"] == pytest.approx(17.7 / 16.2)
+    assert r["mixed"]["fifo"]["makespan_over_bound"] == pytest.approx(18.7 / 16.2)
+    fig = r["figures"]["mixed.makespan_over_bound"]
+    assert fig["pass"] is True and fig["fifo_value"] == pytest.approx(18.7 / 16.2)
+    assert fig["optimal_over_bound"] == pytest.approx(17.4 / 16.2)
+    assert fig["over_host_adjusted_bound"] == pytest.approx((17.7 / 16.2) / (2 / 1.9))
+    given = r["by_server"]["cost"]["orders"]["given"]
+    assert given["predicted_fifo_makespan_s"] == pytest.approx(18.3)
+    assert given["predicted_lpt_makespan_s"] == pytest.approx(17.4)
+    assert "mixed.worst_makespan_over_bound" not in r["figures"]
+    json.dumps(r)
+    assert "order=fifo" in mixed.table(r)
+
+
+def test_mixed_order_variants_report_the_worst_and_failed_bursts() -> None:
+    orders = s.arrival_orders(FACTS_M["frames"], True)
+    raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9])
+    raw["cost"]["bursts"]["longest_last"] = [{"makespan_s": 18.8}, {"makespan_s": None}]
+    r = mixed.summarize(raw, orders, None, HOST, FACTS_M, {})
+    ll = r["by_server"]["cost"]["orders"]["longest_last"]
+    assert ll["failed_bursts"] == 1 and ll["median_makespan_s"] == 18.8
+    worst = r["figures"]["mixed.worst_makespan_over_bound"]
+    assert worst["value"] == pytest.approx(18.8 / 16.2) and worst["pass"] is False
+    assert set(r["figures"]) == {"mixed.makespan_over_bound", "mixed.makespan_over_bound.longest_last",
+                                 "mixed.makespan_over_bound.alternating_short_first", "mixed.worst_makespan_over_bound"}
+    assert r["host_ceiling"] is None
+    mixed.table(r)
+
+
+# ---- admission --------------------------------------------------------------------------------------
+def _att(kind: str, retry: str | None = "3", code: str | None = "queue_full") -> dict:
+    if kind == "job":
+        return {"kind": "job", "status": 200, "id": "v"}
+    if kind == "refused":
+        return {"kind": "refused", "status": 429, "headers": {"Retry-After": retry}, "error_code": code}
+    return {"kind": "error", "status": 500, "error_code": None}
+
+
+def test_admission_counts() -> None:
+    clients = [
+        {"attempts": [_att("job")], "job_id": "a"},
+        {"attempts": [_att("job")], "job_id": "b"},
+        {"attempts": [_att("refused", "2"), _att("job")], "job_id": "c"},
+        {"attempts": [_att("refused", "4"), _att("job")], "job_id": "d"},
+        {"attempts": [_att("refused", "6"), _att("refused"), _att("job")], "job_id": "e"},
+        {"attempts": [_att("refused", "8", code="other"), _att("refused")], "job_id": None},
+        {"attempts": [_att("error")], "job_id": None},
+    ]
+    ends = {k: {"status": "completed"} for k in "abcd"} | {"e": {"status": "failed"}}
+    n = admission.count_clients(clients, ends)
+    assert n["first_answer"] == {"job": 2, "refused": 4, "error": 1}
+    assert n["first_retry"] == {"job": 2, "refused": 2, "error": 0, "not_retried": 0}
+    assert n["first_retry_admitted"] == 0.5
+    assert n["admitted_on_later_retry"] == 1 and n["never_admitted"] == 1
+    assert n["errors"] == 1 and n["refused_without_queue_full_code"] == 1
+    assert n["accepted"] == 5 and n["completed"] == 4 and n["accepted_not_completed"] == 1
+    assert n["retry_after_s"] == {"min": 2.0, "median": 5.0, "max": 8.0}
+
+
+def test_interactive_ratio() -> None:
+    assert admission.interactive_ratio(10.0, 12.1, [12.0, 13.0]) == pytest.approx(2.1 / 2.0)
+    assert admission.interactive_ratio(10.0, None, [12.0]) is None
+    assert admission.interactive_ratio(10.0, 11.0, []) is None
+
+
+def test_admission_summary_and_table() -> None:
+    raw = {
+        "job_s": 3.3, "calibration_latencies_s": [3.2, 3.4], "expected_admitted": 8, "burst": 24,
+        "admission": {"clients": [{"attempts": [_att("refused"), _att("job")], "job_id": "x"},
+                                  {"attempts": [_att("job")], "job_id": "y"}],
+                      "ends": {"x": {"status": "completed"}, "y": {"status": "completed"}}},
+        "priority": {"batch_admitted": 9, "ratio": 1.02, "source": "server log", "start_after_send_s": 1.53,
+                     "running_ends_after_send_s": [1.5, 1.6]},
+    }
+    facts = {"model_size": "med", "capacity": 2, "max_wait_s": 12.0, "burst_factor": 3.0, "max_retries": 8, "request": {}}
+    r = admission.summarize(raw, HOST, facts, {})
+    f = r["figures"]
+    assert f["admission.first_retry_admitted"]["value"] == 1.0 and f["admission.first_retry_admitted"]["pass"]
+    assert f["admission.errors"]["pass"] and f["admission.accepted_not_completed"]["pass"]
+    assert f["priority.interactive_start_over_min"]["value"] == 1.02 and f["priority.interactive_start_over_min"]["pass"]
+    assert r["priority"]["interactive_start_over_min"] == 1.02 and r["admission"]["pass_first_retry_admitted"]
+    json.dumps(r)
+    assert "admitted on first retry" in admission.table(r)
+    capped = admission.summarize({**raw, "burst_capped": True}, HOST, facts, {})
+    assert capped["burst_capped"] is True and any("capped" in n for n in capped["notes"])
+    # Nothing refused: no figure, and a note that says how to fix the run.
+    raw2 = {**raw, "admission": {"clients": [{"attempts": [_att("job")], "job_id": "y"}], "ends": {"y": {"status": "completed"}}}}
+    raw2.pop("priority")
+    r2 = admission.summarize(raw2, HOST, facts, {})
+    assert r2["figures"]["admission.first_retry_admitted"]["pass"] is None and r2["notes"]
+    assert "priority.interactive_start_over_min" not in r2["figures"] and r2["priority"] is None
+
+
+# ---- command line -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bench", ["adaptive", "mixed", "admission"])
+@pytest.mark.parametrize("quick", [False, True])
+def test_dry_run_prints_the_plan_and_starts_nothing(bench: str, quick: bool, capsys, tmp_path: Path) -> None:
+    argv = [bench, "--dry-run", "--models-dir", str(tmp_path)] + (["--quick"] if quick else [])
+    args = parse(*argv)
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    plan = json.loads(out[: out.rindex("}") + 1])
+    assert plan["benchmark"] == bench and "vllm-omni" in json.dumps(plan)
+    assert not any(tmp_path.iterdir())  # not even the model was built
+
+
+def test_json_is_required_without_dry_run() -> None:
+    args = parse("adaptive")
+    with pytest.raises(SystemExit):
+        args.func(args)
