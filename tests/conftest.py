@@ -43,6 +43,14 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
         ["--distributed-executor-backend", TUNED, "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}'],
         {},
     ),
+    # The request scheduler's admission (tests/test_admission.py): two ranks, a 3 s bound on the
+    # predicted wait, and a cost seed that predicts ~1 s for its 128x128x17, 8-step jobs from the start.
+    "wan-sched": (
+        "wan2.1-t2v",
+        ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED, "--additional-config",
+         '{"omni_ext": {"scheduler": {"max_wait_s": 3, "seconds_per_unit": 0.00016}}}'],
+        {},
+    ),
 }
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 

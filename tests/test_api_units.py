@@ -112,14 +112,16 @@ def test_poll_after_ms(remaining, expected) -> None:
     assert poll_after_ms(remaining) == expected
 
 
-def _state(tmp_path: Path, limits: ModelLimits) -> ApiState:
+def api_state(tmp_path: Path, limits: ModelLimits, **fields) -> ApiState:
+    """An :class:`ApiState` on ``tmp_path`` (no server); ``fields`` override others (e.g. ``queue``)."""
     settings = load_settings(SimpleNamespace(port=1, additional_config=None), {"OMNI_EXT_API_DATA_DIR": str(tmp_path)})
     settings.media_dir.mkdir(parents=True, exist_ok=True)
-    return ApiState(settings=settings, store=JobStore(settings.db_path), model_name="m", model_path="m", limits=limits)
+    return ApiState(settings=settings, store=JobStore(settings.db_path), model_name="m", model_path="m", limits=limits,
+                    **fields)
 
 
 def _wan_state(tmp_path: Path) -> ApiState:
-    return _state(tmp_path, ModelLimits("WanPipeline", 16, 1, True))
+    return api_state(tmp_path, ModelLimits("WanPipeline", 16, 1, True))
 
 
 def test_seconds_and_size_map_to_native_or_configured_defaults(tmp_path: Path) -> None:
@@ -153,6 +155,7 @@ VIDEO_BOUNDS = {
     "num_frames": (1, limits.MAX_FRAMES),
     "fps": (1, limits.MAX_FPS),
     "boundary_ratio": (0, 1),
+    "priority": (limits.MIN_PRIORITY, limits.MAX_PRIORITY),
 }
 IMAGE_BOUNDS = {
     "n": (1, limits.MAX_OUTPUTS),
@@ -161,6 +164,7 @@ IMAGE_BOUNDS = {
     "guidance_scale": (0, None),
     "true_cfg_scale": (0, None),
     "seed": (0, limits.MAX_SEED),
+    "priority": (limits.MIN_PRIORITY, limits.MAX_PRIORITY),
 }
 
 
@@ -204,7 +208,7 @@ def _edges(bounds: dict) -> list[tuple[str, float, bool]]:
 @pytest.mark.parametrize("name,value,accepted", _edges(VIDEO_BOUNDS) + [("seconds", "1", True), ("seconds", "0", False),
                          (("seconds", str(limits.MAX_SECONDS), True)), ("seconds", str(limits.MAX_SECONDS + 1), False)])
 def test_video_route_enforces_what_the_schema_says(tmp_path: Path, name: str, value, accepted: bool) -> None:
-    state = _state(tmp_path, ModelLimits("WanPipeline", 0, 1, True))  # spatial multiple unknown: any width
+    state = api_state(tmp_path, ModelLimits("WanPipeline", 0, 1, True))  # spatial multiple unknown: any width
     body = Body({"prompt": "x", name: value})
     if accepted:
         build_video_request(body, state, {})
@@ -218,7 +222,7 @@ def test_video_route_enforces_what_the_schema_says(tmp_path: Path, name: str, va
 def test_image_route_enforces_what_the_schema_says(tmp_path: Path, name: str, value, accepted: bool) -> None:
     from omni_ext.api.images import parse_generation
 
-    state = _state(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False))
+    state = api_state(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False))
     if accepted:
         assert parse_generation({"prompt": "x", name: value}, state)[name] == value
     else:
@@ -256,7 +260,7 @@ def test_model_family_decides_video_and_reference(tmp_path: Path) -> None:
     Image.new("RGB", (16, 16)).save(png, format="PNG")
     upload = {"input_reference": ("a.png", "image/png", png.getvalue())}
     for pipeline, accepted in (("WanPipeline", False), ("WanImageToVideoPipeline", True), ("FooVideoPipeline", True)):
-        state = _state(tmp_path / pipeline, ModelLimits(pipeline, 16, 1, True))
+        state = api_state(tmp_path / pipeline, ModelLimits(pipeline, 16, 1, True))
         if accepted:
             assert build_video_request(Body({"prompt": "x"}, upload), state, {})[1].size == (16, 16)
         else:
@@ -295,7 +299,7 @@ def test_video_backend_resolved_once_and_503_until_ready(tmp_path: Path) -> None
     handler = app_state.openai_serving_video
     assert handler.calls == {"defaults": 1, "stage_configs": [["stage0"]]}
     assert first.defaults == {"width": 320, "height": 480, "num_frames": 17, "fps": 16}  # configured over native
-    other = _state(tmp_path / "other", state.limits)
+    other = api_state(tmp_path / "other", state.limits)
     with pytest.raises(APIError) as err:
         other.video_backend(SimpleNamespace(engine_client=object(), openai_serving_video=None))
     assert (err.value.status, err.value.code) == (503, "video_unavailable")

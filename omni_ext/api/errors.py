@@ -9,6 +9,7 @@ and the body must have this shape, or clients print "None".
 from __future__ import annotations
 
 import logging
+import math
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,18 @@ class APIError(Exception):
 def bad_request(message: str, param: str | None, code: str = "invalid_value") -> APIError:
     """A 400 about one request field (``param``)."""
     return APIError(HTTPStatus.BAD_REQUEST, message, param=param, code=code)
+
+
+def retry_headers(seconds: float) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, rounded up, as HTTP defines it) and ``retry-after-ms`` (the
+    exact wait; the ``openai`` SDKs read it first and sleep that long before their next try)."""
+    ms = round(max(0.0, seconds) * 1000)
+    return {"retry-after": str(math.ceil(ms / 1000)), "retry-after-ms": str(ms)}
+
+
+def too_busy(message: str, retry_after_s: float) -> APIError:
+    """429 ``queue_full``: the server will not take this request now; come back after ``retry_after_s``."""
+    return APIError(HTTPStatus.TOO_MANY_REQUESTS, message, code="queue_full", headers=retry_headers(retry_after_s))
 
 
 def not_found(kind: str, ident: str) -> APIError:

@@ -22,7 +22,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Iterable
 
 from omni_ext.api.errors import APIError, bad_request
-from omni_ext.api.limits import SIZE_DIGITS
+from omni_ext.api.limits import MAX_PRIORITY, MIN_PRIORITY, SIZE_DIGITS
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -185,6 +185,12 @@ def optional_int(fields: dict[str, Any], name: str, lo: int, hi: int, default: i
     """:func:`bounded_int` of ``fields[name]``, or ``default`` when it is absent or null."""
     value = fields.get(name)
     return default if value is None else bounded_int(value, name, lo, hi)
+
+
+def priority_of(fields: dict[str, Any]) -> int:
+    """A request's ``priority`` (lower runs earlier; 0 when absent), as the ``openai`` SDK's
+    ``extra_body={"priority": -1}`` sends it: a JSON number, or a form string under multipart."""
+    return optional_int(fields, "priority", MIN_PRIORITY, MAX_PRIORITY, 0)
 
 
 def optional_float(fields: dict[str, Any], name: str) -> float | None:

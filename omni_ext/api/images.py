@@ -2,7 +2,9 @@
 
 The engine call is vLLM-Omni's (same prompt and sampling-parameter construction as its own route);
 added here: ``response_format=url`` served from durable storage by ``GET /v1/images/{id}/content``,
-validation before anything is queued, encoding off the event loop, and OpenAI-style errors.
+validation and admission (429 past the scheduler's bound) before anything is queued, ``priority``,
+the generation accounted in the server's queue while it runs (and aborted if the client goes
+away), encoding off the event loop, and OpenAI-style errors.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from omni_ext.api import media, schemas
+from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, bad_request, generation_error
 from omni_ext.api.forms import (
-    check_known, check_model, check_prompt, optional_float, optional_int, parse_body, parse_size,
+    check_known, check_model, check_prompt, optional_float, optional_int, parse_body, parse_size, priority_of,
 )
 from omni_ext.api.jobs import Job
 from omni_ext.api.limits import MAX_COMPRESSION, MAX_OUTPUTS, MAX_SEED, MAX_STEPS, MIN_STEPS
+from omni_ext.api.queue import JobShape, job_shape, with_priority
 from omni_ext.api.state import ApiState, engine_client, get_state, now
 from omni_ext.api.validation import InvalidRequest, check_request
 
@@ -36,7 +40,7 @@ _ACCEPTED = {
     "background", "moderation", "user", "stream", "partial_images",
     # vLLM-Omni extensions
     "negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "generator_device",
-    "extra_params", "flow_shift",
+    "extra_params", "flow_shift", "priority",
 }
 
 
@@ -70,6 +74,7 @@ def parse_generation(fields: dict[str, Any], state: ApiState) -> dict[str, Any]:
         "true_cfg_scale": optional_float(fields, "true_cfg_scale"),
         "seed": optional_int(fields, "seed", 0, MAX_SEED), "generator_device": fields.get("generator_device"),
         "extra_params": fields.get("extra_params"), "flow_shift": optional_float(fields, "flow_shift"),
+        "priority": priority_of(fields),
     }
     if parsed["extra_params"] is not None and not isinstance(parsed["extra_params"], dict):
         raise bad_request("'extra_params' must be an object.", "extra_params")
@@ -79,6 +84,13 @@ def parse_generation(fields: dict[str, Any], state: ApiState) -> dict[str, Any]:
     except InvalidRequest as exc:
         raise bad_request(exc.message, exc.param) from None
     return parsed
+
+
+def image_shape(pipeline: str | None, p: dict[str, Any]) -> JobShape:
+    """What a parsed generation request costs (:func:`omni_ext.api.queue.job_shape`)."""
+    return job_shape(pipeline, width=p["width"], height=p["height"], steps=p["num_inference_steps"], n=p["n"],
+                     negative_prompt=p["negative_prompt"], guidance_scale=p["guidance_scale"],
+                     true_cfg_scale=p["true_cfg_scale"])
 
 
 async def _generate(request: Request, p: dict[str, Any], request_id: str) -> list[Any]:
@@ -93,7 +105,7 @@ async def _generate(request: Request, p: dict[str, Any], request_id: str) -> lis
     if p["negative_prompt"] is not None:
         prompt["negative_prompt"] = p["negative_prompt"]
     params = OmniDiffusionSamplingParams(num_outputs_per_prompt=p["n"])
-    extra = dict(p["extra_params"] or {})
+    extra = with_priority(p["extra_params"], p["priority"]) or {}
     if p["flow_shift"] is not None:
         extra["flow_shift"] = p["flow_shift"]
     if extra:
@@ -149,8 +161,11 @@ async def generate_images(request: Request) -> JSONResponse:
     body = await parse_body(request, state.settings.max_upload_bytes, allow_files=False)
     p = parse_generation(body.fields, state)
     request_id = f"img_gen-{uuid.uuid4().hex}"
+    state.queue.admit(request_id, p["priority"], image_shape(state.limits.pipeline, p))  # or 429
     try:
-        images = await _generate(request, p, request_id)
+        images = await run_admitted(request, state, request_id, "image", _generate(request, p, request_id))
+    except ClientGone:
+        raise
     except Exception as exc:
         raise generation_error(exc, "Image generation", request_id) from None
     if not images:

@@ -117,9 +117,6 @@ class JobStore:
     def delete(self, job_id: str) -> None:
         self._query("DELETE FROM jobs WHERE id = ?", (job_id,))
 
-    def count_active(self, kind: str) -> int:
-        return int(self._query("SELECT COUNT(*) FROM jobs WHERE kind = ? AND status IN (?, ?)", (kind, *ACTIVE))[0][0])
-
     def list(self, kind: str, *, after: str | None, limit: int, order: str) -> tuple[list[Job], bool]:
         """A page of jobs after the job ``after`` in creation order (``asc``/``desc``); returns (jobs, has_more)."""
         desc = order == "desc"

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 
+from omni_ext.api.disconnect import CLIENT_CLOSED, ClientGone
 from omni_ext.api.errors import APIError
 from omni_ext.api.forms import ID_RE
 
@@ -39,6 +40,8 @@ class ErrorRoute(APIRoute):
                 return await handler(request)
             except APIError as exc:
                 return exc.response()
+            except ClientGone:
+                return Response(status_code=CLIENT_CLOSED)
             except Exception as exc:
                 if getattr(exc, "status_code", None) and 400 <= exc.status_code < 500:  # FastAPI/Starlette HTTPException
                     return APIError(exc.status_code, str(getattr(exc, "detail", exc))).response()

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from omni_ext.api.limits import (
-    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_SECONDS, MAX_SEED, MAX_STEPS,
-    MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_STEPS, SIZE_DIGITS,
+    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MAX_STEPS,
+    MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
 )
 
 
@@ -43,6 +43,8 @@ def _number(lo: float, hi: float | None = None) -> dict[str, Any]:
 _SIZE = {"type": "string", "pattern": rf"^\d{{1,{SIZE_DIGITS}}}x\d{{1,{SIZE_DIGITS}}}$", "example": "832x480",
          "description": f"WIDTHxHEIGHT, each a multiple of the model's spatial multiple, at most {MAX_PIXELS} pixels."}
 _SIDE = {**_integer(1), "description": "A multiple of the model's spatial multiple (e.g. 16)."}
+_PRIORITY = {**_integer(MIN_PRIORITY, MAX_PRIORITY), "default": 0,
+             "description": "Lower runs earlier (vLLM's convention); ordered by omni-ext's TunedExecutor."}
 
 VIDEO_CREATE: dict[str, Any] = {
     "type": "object",
@@ -68,6 +70,7 @@ VIDEO_CREATE: dict[str, Any] = {
         "fps": _integer(1, MAX_FPS),
         "flow_shift": {"type": "number"},
         "boundary_ratio": _number(0, 1),
+        "priority": _PRIORITY,
         "extra_params": {"type": "object"},
     },
 }
@@ -89,6 +92,7 @@ IMAGE_GENERATE: dict[str, Any] = {
         "guidance_scale": _number(0),
         "true_cfg_scale": _number(0),
         "seed": _integer(0, MAX_SEED),
+        "priority": _PRIORITY,
         "extra_params": {"type": "object"},
     },
 }

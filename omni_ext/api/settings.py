@@ -8,7 +8,7 @@ in a deploy YAML), with environment variables as overrides for operators and tes
 | ``data_dir``       | ``OMNI_EXT_API_DATA_DIR``  | ``~/.cache/omni-ext/api/port-<port>``           |
 | ``ttl_s``          | ``OMNI_EXT_API_TTL_S``     | 86400 (finished media kept one day; 0 = keep)  |
 | ``max_upload_mb``  | ``OMNI_EXT_API_MAX_UPLOAD_MB`` | 32                                          |
-| ``max_queued``     | ``OMNI_EXT_API_MAX_QUEUED``| 256 queued+running async jobs, then 429        |
+| ``max_queued``     | ``OMNI_EXT_API_MAX_QUEUED``| 256 admitted (queued+running) jobs, then 429   |
 
 ``data_dir`` holds ``jobs.sqlite`` (job metadata) and ``media/`` (mp4, thumbnails, images). Keyed by
 port by default so that two servers on one host never share (and never fail) each other's jobs,
@@ -17,11 +17,12 @@ while a restart on the same port finds its jobs again.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omni_ext.scheduler.config import omni_ext_section
 
 
 @dataclass(frozen=True)
@@ -40,23 +41,17 @@ class ApiSettings:
         return self.data_dir / "media"
 
 
-def _additional_config(args: Any) -> dict[str, Any]:
-    raw = getattr(args, "additional_config", None)
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            raw = {}
-    if not isinstance(raw, dict):
-        return {}
-    section = raw.get("omni_ext", {})
-    section = section.get("api", section) if isinstance(section, dict) else {}
-    return section if isinstance(section, dict) else {}
+def _api_section(args: Any) -> dict[str, Any]:
+    """``omni_ext.api`` of the server's ``--additional-config`` (or the ``omni_ext`` object itself
+    when it has no ``api`` key)."""
+    section = omni_ext_section(getattr(args, "additional_config", None))
+    api = section.get("api", section)
+    return api if isinstance(api, dict) else {}
 
 
 def load_settings(args: Any, environ: dict[str, str] | None = None) -> ApiSettings:
     env = os.environ if environ is None else environ
-    cfg = _additional_config(args)
+    cfg = _api_section(args)
     port = getattr(args, "port", None) or 8000
     default_dir = Path.home() / ".cache" / "omni-ext" / "api" / f"port-{port}"
     data_dir = Path(env.get("OMNI_EXT_API_DATA_DIR") or cfg.get("data_dir") or default_dir).expanduser()

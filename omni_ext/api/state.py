@@ -1,9 +1,11 @@
-"""Per-server state of omni-ext's routes: settings, the job store, running tasks, model facts.
+"""Per-server state of omni-ext's routes: settings, the job store, running tasks, model facts, and
+the account of admitted jobs (:class:`~omni_ext.api.queue.RequestQueue`).
 
 Created once per API process when vLLM-Omni initialises its app state (see the ``openai-routes``
 patch), which is also when jobs left queued/running by a previous process are marked failed, the
-expiry sweeper starts, and vLLM-Omni's video handler and the request defaults it implies are
-resolved (:class:`VideoBackend`), so that no request pays for them.
+expiry sweeper starts, the scheduler's options are read (a bad one stops the server there), and
+vLLM-Omni's video handler and the request defaults it implies are resolved (:class:`VideoBackend`),
+so that no request pays for them.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ from omni_ext.api import media
 from omni_ext.api.errors import APIError, bad_request, not_found
 from omni_ext.api.forms import ID_RE
 from omni_ext.api.jobs import Job, JobStore
+from omni_ext.api.layout import server_layout
+from omni_ext.api.queue import RequestQueue
 from omni_ext.api.settings import ApiSettings, load_settings
 from omni_ext.api.validation import ModelLimits, limits_for_model
+from omni_ext.scheduler.config import scheduler_config
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -49,7 +54,7 @@ class ApiState:
     model_path: str
     limits: ModelLimits
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
-    job_seconds: float | None = None  # EWMA of finished video jobs' run time, for queue estimates
+    queue: RequestQueue = field(default_factory=RequestQueue)
     sweeper: asyncio.Task | None = None
     video: VideoBackend | None = None  # resolved at start-up, or on first use if the app was not ready
 
@@ -85,9 +90,6 @@ class ApiState:
         except FileNotFoundError:
             raise APIError(HTTPStatus.NOT_FOUND, f"{subject} is no longer stored.", param=param,
                            code=f"{job.kind}_content_missing") from None
-
-    def record_duration(self, seconds: float) -> None:
-        self.job_seconds = seconds if self.job_seconds is None else 0.7 * self.job_seconds + 0.3 * seconds
 
     def remove_media(self, job: Job) -> None:
         for name in job.media.values():
@@ -171,19 +173,37 @@ def _served_model(app_state: Any, args: Any) -> tuple[str, str]:
     return name, path
 
 
+def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: str, max_jobs: int) -> RequestQueue:
+    """The server's :class:`RequestQueue`, from its layout and ``omni_ext.scheduler`` options (a
+    ``ValueError`` naming the bad option otherwise)."""
+    layout = server_layout(args, getattr(app_state, "stage_configs", None))
+    try:
+        config = scheduler_config(layout.additional_config)
+    except ValueError as exc:
+        raise ValueError(f"omni-ext: invalid --additional-config: {exc}") from None
+    queue = RequestQueue(config, layout.slots(config.cfg_mode, limits.pipeline), tuned=layout.tuned, model=model_name,
+                         max_jobs=max_jobs)
+    logger.info("omni-ext scheduler (API): %d slot(s) (%s executor), max_wait_s=%g, seed %s s/unit%s", queue.slots,
+                "TunedExecutor" if layout.tuned else "vLLM-Omni's", config.max_wait_s, config.seconds_per_unit,
+                "" if layout.tuned else "; priorities are not applied by vLLM-Omni's executor (first come, first served)")
+    return queue
+
+
 def init_state(app_state: Any, args: Any) -> ApiState:
-    """Create the state (idempotent): open the store, fail interrupted jobs, start the sweeper."""
+    """Create the state (idempotent): read the options, open the store, fail interrupted jobs, start the sweeper."""
     existing = getattr(app_state, "omni_ext", None)
     if isinstance(existing, ApiState):
         return existing
     settings = load_settings(args)
+    name, path = _served_model(app_state, args)
+    limits = limits_for_model(path)
+    queue = request_queue(app_state, args, limits, name, settings.max_queued)
     settings.media_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(settings.db_path)
     failed = store.fail_interrupted()
     if failed:
         logger.warning("omni-ext: %d job(s) were queued or running when the server stopped; marked failed", len(failed))
-    name, path = _served_model(app_state, args)
-    state = ApiState(settings=settings, store=store, model_name=name, model_path=path, limits=limits_for_model(path))
+    state = ApiState(settings=settings, store=store, model_name=name, model_path=path, limits=limits, queue=queue)
     app_state.omni_ext = state
     try:
         state.video_backend(app_state)
@@ -208,6 +228,15 @@ def get_state(request: Request) -> ApiState:
 def engine_client(request: Request) -> Any:
     """vLLM-Omni's engine client; 503 ``engine_unavailable`` while the server is not ready."""
     return require_engine(request.app.state)
+
+
+async def abort(request: Request, request_id: str) -> None:
+    """Stop an engine request now (queued or running); a failure is logged, never raised, since the
+    caller forgets the job either way."""
+    try:
+        await engine_client(request).abort(request_id)
+    except Exception:
+        logger.warning("omni-ext: abort of %s in the engine failed", request_id, exc_info=True)
 
 
 def require_engine(app_state: Any) -> Any:

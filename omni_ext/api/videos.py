@@ -3,8 +3,10 @@
 Generation itself is vLLM-Omni's (``OmniOpenAIServingVideo._run_and_extract``: defaults, LoRA,
 reference media, the engine call); this module owns what is around it: one body parser for JSON and
 multipart, OpenAI's ``seconds``/``size`` mapped to the model's native frames and fps, validation
-before a job exists, durable job records, step progress and ``openai-poll-after-ms``, cancellation,
-and MP4/thumbnail encoding off the event loop.
+and admission (429 past the scheduler's bound) before a job exists, ``priority``, durable job
+records, queue position and predicted start of a queued job, step progress and
+``openai-poll-after-ms``, cancellation (``DELETE``, or a ``/sync`` client that goes away), and
+MP4/thumbnail encoding off the event loop.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -25,13 +28,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from omni_ext.api import media, schemas
+from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, bad_request, from_pydantic, generation_error
 from omni_ext.api.forms import (
-    ID_RE, Body, bounded_int, check_known, check_model, check_prompt, parse_body, parse_size,
+    ID_RE, Body, bounded_int, check_known, check_model, check_prompt, parse_body, parse_size, priority_of,
 )
 from omni_ext.api.jobs import Job
 from omni_ext.api.limits import MAX_FPS, MAX_PAGE, MAX_SECONDS, MAX_SEED
-from omni_ext.api.state import ApiState, VideoBackend, engine_client, get_state, now
+from omni_ext.api.queue import QueueView, job_shape, with_priority
+from omni_ext.api.state import ApiState, VideoBackend, abort, get_state, now
 from omni_ext.api.validation import GUIDANCE_FIELDS, InvalidRequest, check_request
 from omni_ext.progress import clear_progress, read_progress
 
@@ -40,7 +45,7 @@ router = APIRouter()
 
 POLL_MIN_MS, POLL_MAX_MS = 100, 5000
 FALLBACK_FPS = 16  # ``seconds`` on a model whose native fps omni-ext does not know
-_OWN_FIELDS = {"seconds", "size", "input_reference"}
+_OWN_FIELDS = {"seconds", "size", "input_reference", "priority"}
 
 
 # ---- request building -------------------------------------------------------------------------
@@ -86,7 +91,8 @@ def _reference_image(body: Body, state: ApiState) -> Any:
 
 
 def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -> tuple[Any, Any, dict[str, Any]]:
-    """(vLLM-Omni VideoGenerationRequest, reference image or None, facts for the job record).
+    """(vLLM-Omni VideoGenerationRequest, reference image or None, facts for the job record and the
+    queue: its size, frames, ``priority`` and :class:`~omni_ext.api.queue.JobShape`).
 
     ``defaults`` (:attr:`VideoBackend.defaults`) fill what the request leaves out: ``size`` -> width and
     height, ``seconds`` -> frames at their fps. Every field is checked here, once, so that a bad request
@@ -110,6 +116,8 @@ def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -
         fields["width"], fields["height"] = parse_size(fields.pop("size"))
     elif "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
         fields["width"], fields["height"] = defaults["width"], defaults["height"]
+    priority = priority_of(fields)
+    fields.pop("priority", None)
     seconds = fields.pop("seconds", None)
     if seconds is not None:
         seconds = bounded_int(seconds, "seconds", 1, MAX_SECONDS)
@@ -133,6 +141,7 @@ def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -
         vreq = VideoGenerationRequest(**fields)
     except Exception as exc:  # pydantic.ValidationError
         raise from_pydantic(exc) from None
+    vreq.extra_params = with_priority(vreq.extra_params, priority)
     vp = vreq.resolve_video_params()
     try:
         check_request(state.limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
@@ -144,50 +153,68 @@ def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -
         "width": vp.width, "height": vp.height, "num_frames": vp.num_frames, "fps": vp.fps,
         "steps": vreq.num_inference_steps,
         "seconds": str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
+        "priority": priority,
+        "shape": job_shape(state.limits.pipeline, width=vp.width, height=vp.height, frames=vp.num_frames,
+                           steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
+                           negative_prompt=vreq.negative_prompt, guidance_scale=vreq.guidance_scale,
+                           guidance_scale_2=vreq.guidance_scale_2, true_cfg_scale=vreq.true_cfg_scale),
     }
     return vreq, ref_image, facts
 
 
 # ---- generation -------------------------------------------------------------------------------
-async def generate_mp4(handler: Any, vreq: Any, request_id: str, ref_image: Any, on_started=None) -> tuple[bytes, Any]:
-    """Run vLLM-Omni's generation, then encode the MP4 off the event loop exactly as vLLM-Omni does."""
+async def generate(handler: Any, vreq: Any, request_id: str, ref_image: Any,
+                   on_started: Callable[[], Awaitable[None]] | None = None) -> Any:
+    """vLLM-Omni's generation (its artifacts); the engine slot is free once this returns."""
     from vllm_omni.entrypoints.openai.serving_video import ReferenceImage
-    from vllm_omni.entrypoints.openai.video_api_utils import _encode_video_bytes
 
-    artifacts = await handler._run_and_extract(
+    return await handler._run_and_extract(
         vreq, request_id, reference_image=ReferenceImage(data=ref_image) if ref_image is not None else None,
         on_started=on_started,
     )
+
+
+async def encode_mp4(handler: Any, vreq: Any, artifacts: Any) -> bytes:
+    """The generated video as MP4 bytes, encoded off the event loop exactly as vLLM-Omni does."""
+    from vllm_omni.entrypoints.openai.video_api_utils import _encode_video_bytes
+
     video = artifacts.videos[0]
     if isinstance(video, bytes):  # pre-encoded by the worker (extra_params.preencode_mp4)
-        return video, artifacts
+        return video
     options = {"preset": "ultrafast", "threads": "0"}
     if isinstance(vreq.extra_params, dict) and "video_codec_options" in vreq.extra_params:
         options = vreq.extra_params["video_codec_options"]
     audio = artifacts.audios[0] if artifacts.audios else None
     extra = {"audio": audio, "audio_sample_rate": artifacts.audio_sample_rate} if audio is not None else {}
-    mp4 = await media.off_loop(
+    return await media.off_loop(
         _encode_video_bytes, video, fps=artifacts.output_fps, video_codec_options=options,
         frame_converter=getattr(handler, "_video_frame_converter", None), **extra,
     )
-    return mp4, artifacts
+
+
+def _mark_running(state: ApiState, job: Job) -> None:
+    """A queued job's record turns ``in_progress`` once the queue sees it run."""
+    if job.status == "queued" and state.queue.running(job.id):
+        job.status, job.progress = "in_progress", max(job.progress, 1)
+        job.meta["started_at"] = time.time()
+        state.store.save(job)
 
 
 async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image: Any) -> None:
     started = time.monotonic()
 
     async def on_started() -> None:
-        if job.status == "queued":
-            job.status, job.progress = "in_progress", max(job.progress, 1)
-            job.meta["started_at"] = time.time()
-            state.store.save(job)
+        state.queue.mark_started(job.id)
+        _mark_running(state, job)
 
     try:
-        mp4, artifacts = await generate_mp4(handler, vreq, job.id, ref_image, on_started=on_started)
+        artifacts = await generate(handler, vreq, job.id, ref_image, on_started=on_started)
         job.status = "in_progress"
         job.progress = max(job.progress, 95)
         job.meta["encoding"] = True
         state.store.save(job)
+        state.queue.finish(job.id)  # its slot is free; encoding runs here, in the API process
+        mp4 = await encode_mp4(handler, vreq, artifacts)
         thumb = await media.off_loop(media.mp4_thumbnail, mp4)
         await media.off_loop(media.write_atomic, state.media_path(f"{job.id}.mp4"), mp4)
         await media.off_loop(media.write_atomic, state.media_path(f"{job.id}.webp"), thumb)
@@ -202,7 +229,6 @@ async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image
             "fps": artifacts.output_fps,
         })
         job.meta.pop("encoding", None)
-        state.record_duration(time.monotonic() - started)
         state.store.save(job)
         logger.info("omni-ext video %s completed in %.2f s", job.id, time.monotonic() - started)
     except asyncio.CancelledError:
@@ -213,35 +239,37 @@ async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image
         job.error_code, job.error_message = error.code or "invalid_request", error.message
         state.store.save(job)
     finally:
+        state.queue.drop(job.id)  # failed or cancelled (a finished job is already gone)
         clear_progress(job.id)
         state.tasks.pop(job.id, None)
 
 
 # ---- views ------------------------------------------------------------------------------------
-def _live_progress(state: ApiState, job: Job) -> tuple[int, float | None]:
-    """(monotone progress 0-100, predicted seconds remaining) for a job, from worker step reports."""
+def _live(state: ApiState, job: Job, queued: dict[str, QueueView]) -> float | None:
+    """Bring an active job's status and monotone progress (0-100) up to date, from the queue's
+    account and the workers' step reports; returns its predicted seconds until it starts (queued)
+    or ends (running), None when unknown. ``queued``: :meth:`RequestQueue.views`."""
     if not job.active:
-        return job.progress, 0.0
-    remaining: float | None = None
+        return 0.0
     progress = job.progress
+    view = queued.get(job.id)
     if job.meta.get("encoding"):
-        progress = max(progress, 95)
-        remaining = 0.2
-    elif job.status == "in_progress":
+        progress, remaining = max(progress, 95), 0.2
+    elif view is not None:  # still queued: when it is predicted to start
+        remaining = view.wait_s
+    else:
+        _mark_running(state, job)
+        progress, remaining = max(progress, job.progress), None
         step = read_progress(job.id)
         if step is not None:
             progress = max(progress, 2 + int(88 * step.fraction))
             rest = step.remaining_s()
             if rest is not None:
                 remaining = rest * 1.15  # plus VAE decode and encoding, ~15 % of denoising
-    else:  # queued
-        ahead = sum(1 for j in state.tasks if j != job.id) if state.tasks else 0
-        if state.job_seconds is not None:
-            remaining = state.job_seconds * max(1, ahead)
     if progress != job.progress:
         job.progress = progress
         state.store.save(job)
-    return progress, remaining
+    return remaining
 
 
 def poll_after_ms(remaining_s: float | None) -> int:
@@ -251,23 +279,28 @@ def poll_after_ms(remaining_s: float | None) -> int:
     return int(min(POLL_MAX_MS, max(POLL_MIN_MS, remaining_s * 1000 / 4)))
 
 
-def video_object(job: Job) -> dict[str, Any]:
+def video_object(job: Job, view: QueueView | None = None) -> dict[str, Any]:
+    """OpenAI's video object, plus vLLM-Omni's timing fields and, while it waits, omni-ext's
+    ``queue_position``, ``predicted_wait_s`` and ``predicted_start_at``."""
     obj: dict[str, Any] = {
         "id": job.id, "object": "video", "model": job.model, "status": job.status, "progress": job.progress,
         "created_at": job.created_at, "completed_at": job.completed_at, "expires_at": job.expires_at,
         "prompt": job.prompt, "seconds": job.seconds, "size": job.size, "remixed_from_video_id": None,
         "error": {"code": job.error_code, "message": job.error_message} if job.status == "failed" else None,
     }
-    for key in ("num_frames", "fps", "inference_time_s", "peak_memory_mb", "stage_durations"):
+    for key in ("priority", "num_frames", "fps", "inference_time_s", "peak_memory_mb", "stage_durations"):
         if key in job.meta:
             obj[key] = job.meta[key]
+    if view is not None:
+        obj.update(view.fields(time.time()))
     return obj
 
 
 def _video_response(state: ApiState, job: Job) -> JSONResponse:
-    _, remaining = _live_progress(state, job)
+    queued = state.queue.views()
+    remaining = _live(state, job, queued)
     headers = {"openai-poll-after-ms": str(poll_after_ms(remaining))} if job.active else None
-    return JSONResponse(video_object(job), headers=headers)
+    return JSONResponse(video_object(job, queued.get(job.id)), headers=headers)
 
 
 async def _parse_create(request: Request) -> tuple[ApiState, VideoBackend, Any, Any, dict[str, Any]]:
@@ -283,36 +316,43 @@ async def _parse_create(request: Request) -> tuple[ApiState, VideoBackend, Any, 
 @router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video(request: Request) -> JSONResponse:
     state, backend, vreq, ref_image, facts = await _parse_create(request)
-    if state.store.count_active("video") >= state.settings.max_queued:
-        raise APIError(HTTPStatus.TOO_MANY_REQUESTS, f"Too many queued videos (limit {state.settings.max_queued}); "
-                       "retry later.", code="queue_full", headers={"retry-after": "5"})
+    job_id = f"video_{uuid.uuid4().hex}"
+    decision = state.queue.admit(job_id, facts["priority"], facts["shape"])  # or 429
     job = Job(
-        id=f"video_{uuid.uuid4().hex}", kind="video", model=state.model_name, prompt=vreq.prompt,
+        id=job_id, kind="video", model=state.model_name, prompt=vreq.prompt,
         seconds=facts["seconds"], size=f"{facts['width']}x{facts['height']}",
-        meta={"num_frames": facts["num_frames"], "fps": facts["fps"]},
+        meta={"num_frames": facts["num_frames"], "fps": facts["fps"], "priority": facts["priority"]},
     )
     state.store.add(job)
     state.tasks[job.id] = asyncio.create_task(_run_job(state, backend.handler, job, vreq, ref_image))
-    logger.info("omni-ext video %s queued (%s, %s frames, %s steps)", job.id, job.size, facts["num_frames"], facts["steps"])
+    logger.info("omni-ext video %s queued (%s, %s frames, %s steps, priority %d, predicted start in %.1f s, %d ahead)",
+                job.id, job.size, facts["num_frames"], facts["steps"], facts["priority"], decision.wait_s,
+                decision.position)
     return _video_response(state, job)
 
 
 @router.post("/v1/videos/sync", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video_sync(request: Request) -> Response:
-    state, backend, vreq, ref_image, _facts = await _parse_create(request)
+    state, backend, vreq, ref_image, facts = await _parse_create(request)
     request_id = f"video_sync-{uuid.uuid4().hex}"
+    state.queue.admit(request_id, facts["priority"], facts["shape"])  # or 429
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))
     started = time.perf_counter()
+
+    async def on_started() -> None:
+        state.queue.mark_started(request_id)
+
     try:
-        mp4, artifacts = await asyncio.wait_for(generate_mp4(backend.handler, vreq, request_id, ref_image),
-                                                timeout=timeout)
+        artifacts = await run_admitted(request, state, request_id, "video", asyncio.wait_for(
+            generate(backend.handler, vreq, request_id, ref_image, on_started=on_started), timeout=timeout))
+        mp4 = await encode_mp4(backend.handler, vreq, artifacts)
+    except ClientGone:
+        raise
     except asyncio.TimeoutError:
         raise APIError(HTTPStatus.GATEWAY_TIMEOUT, f"Video generation timed out after {timeout:.0f} s.",
                        code="timeout") from None
     except Exception as exc:
         raise generation_error(exc, "Video generation", request_id) from None
-    finally:
-        clear_progress(request_id)
     return Response(mp4, media_type="video/mp4", headers={
         "X-Request-Id": request_id,
         "X-Model": state.model_name,
@@ -334,9 +374,10 @@ async def list_videos(request: Request, after: str | None = None, limit: str = "
         jobs, has_more = state.store.list("video", after=after, limit=lim, order=order)
     except KeyError:
         raise bad_request(f"No video with id '{after}' to page after.", "after") from None
+    queued = state.queue.views()
     for job in jobs:
-        _live_progress(state, job)
-    data = [video_object(j) for j in jobs]
+        _live(state, job, queued)
+    data = [video_object(j, queued.get(j.id)) for j in jobs]
     return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                          "last_id": data[-1]["id"] if data else None, "has_more": has_more})
 
@@ -368,10 +409,8 @@ async def delete_video(request: Request, video_id: str) -> JSONResponse:
     job = state.find_job("video", video_id)
     task = state.tasks.get(video_id)
     if job.active:
-        try:
-            await engine_client(request).abort(video_id)
-        except Exception:
-            logger.warning("omni-ext: abort of %s in the engine failed; cancelling the job", video_id, exc_info=True)
+        state.queue.cancel(video_id, "deleted")  # its capacity is free now, whatever the engine does next
+        await abort(request, video_id)
         if task is not None:
             task.cancel()
             try:

@@ -1,0 +1,93 @@
+"""omni-ext's Prometheus metrics, served on the server's own ``/metrics``, every definition in one place.
+
+vLLM's API server mounts ``/metrics`` from prometheus_client's default ``REGISTRY``
+(``vllm.entrypoints.serve.instrumentator.metrics.attach_router``), where vLLM-Omni's
+``vllm_omni:*`` families already live; registering here puts omni-ext's next to them, named in
+the same style (a ``omni_ext:`` namespace; counters exposed with ``_total``). With several API
+server processes (``--api-server-count`` > 1) vLLM switches to a multiprocess registry, and each
+process would account for its own requests only; omni-ext's scheduler assumes one API process.
+
+``omni_ext:queue_depth`` is computed when ``/metrics`` is scraped (a collector reading the live
+request queues), so it is never stale between requests; the rest are updated as things happen.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import Protocol
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+logger = logging.getLogger("omni_ext.api")
+
+PREFIX = "omni_ext:"
+#: Seconds buckets for waits and generation times: ~100 ms (a tiny image) to 30 min (a long video).
+SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
+
+QUEUE_DEPTH = PREFIX + "queue_depth"
+QUEUE_DEPTH_HELP = "Jobs admitted and not yet started, by requested priority."
+
+ADMITTED = Counter(PREFIX + "requests_admitted", "Generation requests admitted (a job exists for each).")
+REFUSED = Counter(
+    PREFIX + "requests_refused",
+    "Generation requests refused with 429 before a job existed, by reason: queue_full (predicted wait over "
+    "omni_ext.scheduler.max_wait_s) or max_queued (omni_ext.api.max_queued jobs already admitted).",
+    labelnames=("reason",),
+)
+CANCELLED = Counter(
+    PREFIX + "requests_cancelled",
+    "Admitted requests stopped before they finished, by reason: deleted (DELETE /v1/videos/{id}) or "
+    "client_disconnected (a synchronous client went away).",
+    labelnames=("reason",),
+)
+PREDICTED_WAIT = Histogram(
+    PREFIX + "predicted_wait_seconds",
+    "Predicted wait before start of each admitted request, at admission.",
+    buckets=SECONDS_BUCKETS,
+)
+JOB_SECONDS = Histogram(
+    PREFIX + "job_seconds",
+    "Generation time of finished requests, from their start on the workers to their output (queueing excluded).",
+    labelnames=("model",),
+    buckets=SECONDS_BUCKETS,
+)
+
+
+class QueueLike(Protocol):
+    def depth_by_priority(self) -> dict[int, int]: ...
+
+
+class _QueueDepth:
+    """``omni_ext:queue_depth{priority}``: jobs admitted and not yet started, summed over the live
+    request queues of this process (one per server; tests make more)."""
+
+    def __init__(self) -> None:
+        self.queues: weakref.WeakSet[QueueLike] = weakref.WeakSet()
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(QUEUE_DEPTH, QUEUE_DEPTH_HELP, labels=["priority"])
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(QUEUE_DEPTH, QUEUE_DEPTH_HELP, labels=["priority"])
+        depth: Tally[int] = Tally({0: 0})  # always one sample, so an idle server reports 0
+        for queue in list(self.queues):
+            try:
+                depth.update(queue.depth_by_priority())
+            except Exception:  # never break vLLM's /metrics over omni-ext's gauge
+                logger.exception("omni-ext: reading the queue depth failed")
+        for priority, count in sorted(depth.items()):
+            family.add_metric([str(priority)], count)
+        yield family
+
+
+_DEPTH = _QueueDepth()
+REGISTRY.register(_DEPTH)
+
+
+def track(queue: QueueLike) -> None:
+    """Report ``queue``'s depth on ``/metrics`` for as long as it lives."""
+    _DEPTH.queues.add(queue)

@@ -1,0 +1,563 @@
+"""The request scheduler as a client sees it: priorities, admission (429 with Retry-After), queue
+positions and predicted starts, omni-ext's metrics on ``/metrics``, and capacity freed at once by
+``DELETE`` or a synchronous client that goes away.
+
+Three layers: the pure parts (layout and slots, shapes, priorities, headers, the queue's account on
+a fake clock and fake progress files); the routes in process (FastAPI's TestClient, a video handler
+that blocks, no engine); and one real server, ``wan-sched`` (conftest.SERVERS: TunedExecutor, CFG 2,
+``max_wait_s`` 3, a cost seed), driven by raw HTTP and the official ``openai`` SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import requests
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from omni_ext.api import limits
+from omni_ext.api.disconnect import ClientGone, run_admitted
+from omni_ext.api.errors import APIError, retry_headers, too_busy
+from omni_ext.api.forms import Body, priority_of
+from omni_ext.api.layout import ServerLayout, server_layout
+from omni_ext.api.queue import PRIORITY_ARG, RequestQueue, job_shape, with_priority
+from omni_ext.api.state import VideoBackend, request_queue
+from omni_ext.api.validation import ModelLimits
+from omni_ext.api.videos import build_video_request
+from omni_ext.models import families
+from omni_ext.progress import StepProgress
+from omni_ext.scheduler.config import SchedulerConfig
+from tests.test_api_units import api_state
+
+TUNED = "omni_ext.executor.TunedExecutor"
+WAN = ModelLimits("WanPipeline", 16, 1, True)
+
+
+def sample(name: str, **labels: str) -> float:
+    """A sample of this process's default registry (0 when absent)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# ---- layout: how many jobs the server runs at once ---------------------------------------------
+@pytest.mark.parametrize("executor,cfg,extra,cfg_mode,pipeline,slots", [
+    (None, 2, None, "adaptive", "WanPipeline", 1),  # vLLM-Omni's executor: one request at a time
+    (TUNED, 2, None, "adaptive", "WanPipeline", 2),  # every rank runs its own job
+    (TUNED, 2, None, "single", "WanPipeline", 2),
+    (TUNED, 2, None, "pair", "WanPipeline", 1),  # a CFG job takes the whole group
+    (TUNED, 2, '{"omni_ext": {"data_parallel_size": 2}}', "adaptive", "WanPipeline", 4),
+    (TUNED, 1, {"omni_ext": {"data_parallel_size": 3}}, "pair", "QwenImagePipeline", 3),
+    (TUNED, 2, None, "adaptive", "FluxKontextPipeline", 1),  # no tuned pipeline: whole groups only
+])
+def test_slots_from_the_servers_arguments(executor, cfg, extra, cfg_mode, pipeline, slots) -> None:
+    args = SimpleNamespace(distributed_executor_backend=executor, cfg_parallel_size=cfg, additional_config=extra)
+    layout = server_layout(args)
+    assert layout.tuned is (executor is not None)
+    assert layout.slots(cfg_mode, pipeline) == slots
+
+
+def test_layout_prefers_the_resolved_diffusion_stage() -> None:
+    """A deploy YAML (or a preset) configures the stage, not the arguments: the stage wins."""
+    stage = SimpleNamespace(
+        stage_type=SimpleNamespace(value="diffusion"),
+        parallel_config=SimpleNamespace(cfg_parallel_size=2, data_parallel_size=1),
+        diffusion_config=SimpleNamespace(distributed_executor_backend=TUNED,
+                                         additional_config={"omni_ext": {"scheduler": {"max_wait_s": 9}}}),
+        runtime_config=SimpleNamespace(num_replicas=2, distributed_executor_backend=None),
+    )
+    args = SimpleNamespace(distributed_executor_backend=None, cfg_parallel_size=1, additional_config={})
+    layout = server_layout(args, [stage])
+    assert layout == ServerLayout(TUNED, cfg=2, dp=1, replicas=2, additional_config=stage.diffusion_config.additional_config)
+    assert layout.slots("adaptive", "WanPipeline") == 4
+    assert ServerLayout(executor=type("TunedExecutor", (), {})).tuned  # a class, as a deploy YAML may give
+
+
+def test_a_bad_scheduler_option_stops_the_server_with_a_clear_message() -> None:
+    for extra, needle in (({"omni_ext": {"scheduler": {"max_wait": 5}}}, "unknown omni_ext.scheduler option(s) ['max_wait']"),
+                          ({"omni_ext": {"scheduler": {"max_wait_s": "soon"}}}, "max_wait_s must be a number"),
+                          ({"omni_ext": {"scheduler": {"cfg_mode": "both"}}}, "cfg_mode must be one of")):
+        args = SimpleNamespace(distributed_executor_backend=TUNED, cfg_parallel_size=2, additional_config=extra)
+        with pytest.raises(ValueError) as err:
+            request_queue(SimpleNamespace(), args, WAN, "m", 256)
+        assert str(err.value).startswith("omni-ext: invalid --additional-config: ") and needle in str(err.value)
+    args = SimpleNamespace(distributed_executor_backend=TUNED, cfg_parallel_size=2,
+                           additional_config={"omni_ext": {"scheduler": {"max_wait_s": 7, "seconds_per_unit": 0.5}}})
+    queue = request_queue(SimpleNamespace(), args, WAN, "m", 256)
+    assert (queue.slots, queue.tuned, queue.config.max_wait_s, queue.cost.rate(), queue.max_jobs) == (2, True, 7.0, 0.5, 256)
+
+
+# ---- shapes and priorities ----------------------------------------------------------------------
+def test_job_shape_follows_the_pipelines_cfg_rule() -> None:
+    wan = job_shape("WanPipeline", width=64, height=64, frames=9, steps=4, guidance_scale=4.0)
+    sp = SimpleNamespace(num_inference_steps=4, width=64, height=64, num_frames=9)
+    assert wan.key == "wan2.x-t2v:64x64x9:cfg" and wan.units == families.cost_units("WanPipeline", sp, True) == 576
+    assert job_shape("WanPipeline", width=64, height=64, frames=9, steps=4, guidance_scale=1.0).key.endswith(":nocfg")
+    assert job_shape("WanPipeline", width=None, height=None).key == "wan2.x-t2v:832x480x81:cfg"  # native shape
+    qwen = dict(width=32, height=32, steps=2, true_cfg_scale=4.0)
+    assert job_shape("QwenImagePipeline", **qwen).key == "qwen-image:32x32x1:nocfg"  # no negative prompt
+    with_neg = job_shape("QwenImagePipeline", negative_prompt="blurry", **qwen)
+    assert with_neg.key == "qwen-image:32x32x1:cfg"
+    assert job_shape("QwenImagePipeline", negative_prompt="blurry", n=3, **qwen).units == 3 * with_neg.units
+
+
+def test_priority_field_and_where_it_travels(tmp_path: Path) -> None:
+    assert [priority_of({"priority": v}) for v in (-1, "-1", " 5 ", 3.0, None)] == [-1, -1, 5, 3, 0]
+    assert priority_of({}) == 0
+    for bad in (limits.MIN_PRIORITY - 1, str(limits.MAX_PRIORITY + 1), "urgent", True, 1.5):
+        with pytest.raises(APIError) as err:
+            priority_of({"priority": bad})
+        assert err.value.status == 400 and err.value.param == "priority"
+    # Only a non-default priority travels, and a user's own key never overrides the parsed field.
+    assert with_priority(None, 0) is None and with_priority({}, 0) == {}
+    assert with_priority({"a": 1, PRIORITY_ARG: 9}, 0) == {"a": 1}
+    assert with_priority(None, -1) == {PRIORITY_ARG: -1}
+    state = api_state(tmp_path, WAN)
+    body = {"prompt": "x", "size": "64x64", "num_frames": 9, "num_inference_steps": 4}
+    vreq, _, facts = build_video_request(Body({**body, "priority": "-3", "extra_params": {"k": 1}}), state, {})
+    assert facts["priority"] == -3 and vreq.extra_params == {"k": 1, PRIORITY_ARG: -3}
+    assert facts["shape"].key == "wan2.x-t2v:64x64x9:cfg"
+    vreq, _, facts = build_video_request(Body(body), state, {})
+    assert facts["priority"] == 0 and vreq.extra_params is None
+
+
+def test_retry_headers_and_the_openai_error_body() -> None:
+    assert retry_headers(1.5) == {"retry-after": "2", "retry-after-ms": "1500"}
+    assert retry_headers(2.0) == {"retry-after": "2", "retry-after-ms": "2000"}
+    assert retry_headers(1.0004) == {"retry-after": "1", "retry-after-ms": "1000"}  # both from the same ms
+    err = too_busy("busy", 3.25)
+    assert err.status == 429 and err.headers == {"retry-after": "4", "retry-after-ms": "3250"}
+    assert err.body() == {"error": {"message": "busy", "type": "rate_limit_error", "param": None, "code": "queue_full"}}
+
+
+# ---- the queue's account, on a fake clock and fake progress files ----------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def fake_queue(*, tuned: bool = True, slots: int = 1, max_jobs: int | None = None, seed: float = 1 / 576,
+               max_wait_s: float = 2.0) -> tuple[RequestQueue, Clock, dict[str, StepProgress]]:
+    """A queue whose 64x64x9, 4-step Wan jobs (576 units) are predicted at 1 s each."""
+    clock, files = Clock(), {}
+    queue = RequestQueue(SchedulerConfig(max_wait_s=max_wait_s, seconds_per_unit=seed), slots, tuned=tuned, model="tiny",
+                         max_jobs=max_jobs, clock=clock, wall=clock, progress=files.get)
+    return queue, clock, files
+
+
+SHAPE = job_shape("WanPipeline", width=64, height=64, frames=9, steps=4)
+
+
+def test_admission_bound_429_and_capacity_freed_by_a_cancel() -> None:
+    queue, clock, files = fake_queue()
+    refused = sample("omni_ext:requests_refused_total", reason="queue_full")
+    waits = [queue.admit(f"v{i}", 0, SHAPE).wait_s for i in range(3)]
+    assert waits == [0.0, 1.0, 2.0]  # one slot, 1 s each, up to max_wait_s
+    with pytest.raises(APIError) as err:
+        queue.admit("v3", 0, SHAPE)
+    assert (err.value.status, err.value.code) == (429, "queue_full") and "v3" not in queue.jobs
+    assert err.value.headers == {"retry-after": "2", "retry-after-ms": "1500"}  # 3 s of work -> 2 s bound + 0.5 s margin
+    assert "wait about 3 s" in err.value.message and "bound of 2 s" in err.value.message
+    assert sample("omni_ext:requests_refused_total", reason="queue_full") == refused + 1
+    assert queue.cancel("v1", "deleted") and not queue.cancel("v1", "deleted")  # capacity back at once
+    assert queue.admit("v4", 0, SHAPE).wait_s == 2.0
+
+
+def test_running_jobs_count_by_their_remaining_time_and_teach_the_cost_model() -> None:
+    queue, clock, files = fake_queue()
+    queue.admit("a", 0, SHAPE)
+    queue.admit("b", 0, SHAPE)
+    assert not queue.running("a")
+    files["a"] = StepProgress(0, 4, t_start=clock.t, t_last=clock.t, mode="single")  # the executor's start marker
+    assert queue.running("a") and queue.view("b") == queue.views()["b"] and queue.view("b").position == 0
+    clock.t += 0.5
+    assert queue.view("b").wait_s == pytest.approx(0.5)  # a's predicted 1 s, half of it spent
+    files["a"] = StepProgress(2, 4, t_start=clock.t - 0.4, t_last=clock.t)  # 0.2 s a step measured
+    assert queue.view("b").wait_s == pytest.approx(0.4 + (1.0 - 0.8))  # 2 steps left + what follows the loop
+    clock.t += 1.5
+    jobs_before = sample("omni_ext:job_seconds_count", model="tiny")
+    assert queue.finish("a") == pytest.approx(2.0)  # from its start marker to its output
+    assert queue.cost.rate(SHAPE.key) == pytest.approx(2.0 / 576)  # its shape's first measurement
+    assert sample("omni_ext:job_seconds_count", model="tiny") == jobs_before + 1
+    assert queue.finish("b") is None and "b" not in queue.jobs  # never seen running: nothing learned
+
+
+def test_priority_orders_the_account_only_where_the_executor_applies_it() -> None:
+    for tuned, expected in ((True, ["urgent", "a", "b"]), (False, ["a", "b", "urgent"])):
+        queue, clock, files = fake_queue(tuned=tuned, max_wait_s=100)
+        for job_id, priority in (("a", 0), ("b", 0), ("urgent", -1)):
+            queue.admit(job_id, priority, SHAPE)
+            clock.t += 0.1
+        views = queue.views()
+        assert sorted(views, key=lambda j: views[j].position) == expected
+        assert queue.depth_by_priority() == {0: 2, -1: 1}  # the requested priorities, for the metric
+        # The executor starts "urgent" on vLLM-Omni's own executor's (stock) on_started only.
+        queue.mark_started("urgent")
+        assert queue.running("urgent") is (not tuned)
+
+
+def test_max_queued_refuses_past_the_job_count() -> None:
+    queue, clock, files = fake_queue(max_jobs=2, max_wait_s=100)
+    queue.admit("a", 0, SHAPE)
+    queue.admit("b", 0, SHAPE)
+    before = sample("omni_ext:requests_refused_total", reason="max_queued")
+    with pytest.raises(APIError) as err:
+        queue.admit("c", 0, SHAPE)
+    assert err.value.status == 429 and "limit 2" in err.value.message and err.value.headers["retry-after"] == "1"
+    assert sample("omni_ext:requests_refused_total", reason="max_queued") == before + 1
+
+
+def test_queue_depth_is_read_when_metrics_are_scraped() -> None:
+    queue, clock, files = fake_queue(max_wait_s=100)
+    queue.admit("a", -7, SHAPE)
+    queue.admit("b", -7, SHAPE)
+    text = generate_latest(REGISTRY).decode()
+    assert 'omni_ext:queue_depth{priority="-7"} 2.0' in text
+    files["a"] = StepProgress(0, 4, clock.t, clock.t)
+    assert 'omni_ext:queue_depth{priority="-7"} 1.0' in generate_latest(REGISTRY).decode()  # no request needed
+    for name in ("omni_ext:requests_admitted_total", "omni_ext:predicted_wait_seconds_bucket", "omni_ext:queue_depth"):
+        assert name in text
+
+
+# ---- a synchronous client that goes away -------------------------------------------------------
+class Engine:
+    def __init__(self) -> None:
+        self.aborted: list[str] = []
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+
+class GoneRequest:
+    """A request whose client disconnects after ``after`` seconds (the body was read already)."""
+
+    def __init__(self, engine: Engine, after: float) -> None:
+        self.app = SimpleNamespace(state=SimpleNamespace(engine_client=engine))
+        self.after = after
+
+    async def receive(self) -> dict:
+        await asyncio.sleep(self.after)
+        return {"type": "http.disconnect"}
+
+
+def test_a_client_that_goes_away_frees_its_slot_at_once(tmp_path: Path) -> None:
+    queue, clock, files = fake_queue()
+    state = api_state(tmp_path, WAN, queue=queue)
+    engine, cancelled = Engine(), []
+
+    async def generation() -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return "never"
+
+    async def quick() -> str:
+        files["video_sync-b"] = StepProgress(1, 1, clock.t, clock.t)
+        clock.t += 0.25
+        return "mp4"
+
+    before = sample("omni_ext:requests_cancelled_total", reason="client_disconnected")
+    queue.admit("video_sync-a", 0, SHAPE)
+    with pytest.raises(ClientGone):
+        asyncio.run(run_admitted(GoneRequest(engine, 0.05), state, "video_sync-a", "video", generation()))
+    assert cancelled == [True] and engine.aborted == ["video_sync-a"] and not queue.jobs
+    assert sample("omni_ext:requests_cancelled_total", reason="client_disconnected") == before + 1
+    queue.admit("video_sync-b", 0, SHAPE)
+    assert asyncio.run(run_admitted(GoneRequest(engine, 30), state, "video_sync-b", "video", quick())) == "mp4"
+    assert not queue.jobs and queue.cost.rate(SHAPE.key) == pytest.approx(0.25 / 576)
+
+
+# ---- the routes in process: a video handler that blocks, no engine ---------------------------------
+class BlockingHandler:
+    """vLLM-Omni's video handler as the routes call it; every generation waits until cancelled."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, object] = {}
+
+    async def _run_and_extract(self, vreq, request_id, reference_image=None, on_started=None):
+        self.requests[request_id] = vreq
+        await asyncio.Event().wait()
+
+
+@contextlib.contextmanager
+def serve_in_process(tmp_path: Path, limits: ModelLimits):
+    """omni-ext's router on a bare FastAPI app (a :class:`BlockingHandler`, no engine): one slot,
+    1 s predicted per 576 cost units (a TINY video), a 2 s bound."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from omni_ext.api.routes import build_router
+
+    files: dict[str, StepProgress] = {}
+    queue = RequestQueue(SchedulerConfig(max_wait_s=2, seconds_per_unit=1 / 576), 1, tuned=True, model="tiny",
+                         progress=files.get)
+    state = api_state(tmp_path, limits, queue=queue)
+    handler, engine = BlockingHandler(), Engine()
+    state.video = VideoBackend(handler=handler, defaults={})
+    app = FastAPI()
+    app.include_router(build_router())
+    app.state.omni_ext, app.state.engine_client = state, engine
+    with TestClient(app) as client:
+        yield client, state, files, handler, engine
+        for job_id in list(state.tasks):  # stop the blocked generations on the client's loop
+            client.delete(f"/v1/videos/{job_id}")
+
+
+@pytest.fixture
+def app_client(tmp_path: Path):
+    with serve_in_process(tmp_path, WAN) as served:
+        yield served
+
+
+TINY = {"prompt": "a fox", "size": "64x64", "num_frames": 9, "num_inference_steps": 4, "guidance_scale": 4.0}
+
+
+def test_routes_admit_refuse_report_and_cancel(app_client) -> None:
+    client, state, files, handler, engine = app_client
+    ids = [client.post("/v1/videos", json=TINY).json()["id"] for _ in range(3)]
+    full = client.post("/v1/videos", json=TINY)
+    assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full"
+    assert full.headers["retry-after"] == "2" and full.headers["retry-after-ms"] == "1500"
+    form = {**{k: (None, str(v)) for k, v in TINY.items()}, "priority": (None, "-1")}
+    urgent = client.post("/v1/videos", files=form)  # multipart, as openai-python >= 2.27 sends extra_body
+    assert urgent.status_code == 200, urgent.text
+    urgent = urgent.json()
+    assert urgent["priority"] == -1 and urgent["queue_position"] == 0 and urgent["predicted_wait_s"] == 0.0
+    listed = {v["id"]: v for v in client.get("/v1/videos?limit=10").json()["data"]}
+    assert [listed[i]["queue_position"] for i in ids] == [1, 2, 3]
+    first = client.get(f"/v1/videos/{ids[0]}")
+    body = first.json()
+    assert body["status"] == "queued" and body["predicted_wait_s"] == 1.0
+    assert body["predicted_start_at"] - time.time() == pytest.approx(1.0, abs=1.5)
+    assert first.headers["openai-poll-after-ms"] == "250"  # a quarter of the predicted wait
+    assert handler.requests[urgent["id"]].extra_params == {PRIORITY_ARG: -1}
+    assert handler.requests[ids[0]].extra_params is None
+    # The executor starts the urgent job: it runs, and the others move up.
+    files[urgent["id"]] = StepProgress(0, 4, time.time(), time.time())
+    running = client.get(f"/v1/videos/{urgent['id']}").json()
+    assert running["status"] == "in_progress" and "queue_position" not in running
+    assert client.get(f"/v1/videos/{ids[0]}").json()["queue_position"] == 0
+    deleted = sample("omni_ext:requests_cancelled_total", reason="deleted")
+    assert client.delete(f"/v1/videos/{ids[1]}").json()["deleted"] is True
+    assert ids[1] not in state.queue.jobs and engine.aborted == [ids[1]]
+    assert sample("omni_ext:requests_cancelled_total", reason="deleted") == deleted + 1
+    assert client.get(f"/v1/videos/{ids[2]}").json()["queue_position"] == 1
+    bad = client.post("/v1/videos", json={**TINY, "priority": limits.MAX_PRIORITY + 1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
+
+
+def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: Path, monkeypatch) -> None:
+    from PIL import Image
+
+    from omni_ext.api import images
+
+    seen = []
+
+    async def generate(request, p, request_id):  # vLLM-Omni's engine call, stubbed
+        state = request.app.state.omni_ext
+        seen.append((p["priority"], request_id in state.queue.jobs))
+        files[request_id] = StepProgress(2, 2, time.time() - 0.5, time.time())  # ran for 0.5 s
+        return [Image.new("RGB", (32, 32))] * p["n"]
+
+    monkeypatch.setattr(images, "_generate", generate)
+    body = {"prompt": "a cat", "size": "32x32", "n": 2, "num_inference_steps": 2, "priority": -2}
+    with serve_in_process(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False)) as (client, state, files, _, _):
+        learned = sample("omni_ext:job_seconds_count", model="tiny")
+        resp = client.post("/v1/images/generations", json=body)
+        assert resp.status_code == 200 and len(resp.json()["data"]) == 2
+        assert seen == [(-2, True)] and not state.queue.jobs  # accounted while it ran, gone after
+        assert sample("omni_ext:job_seconds_count", model="tiny") == learned + 1
+        shape = images.image_shape("QwenImagePipeline", images.parse_generation(body, state))
+        assert shape.units == 2 * 24 and state.queue.cost.rate(shape.key) == pytest.approx(0.5 / shape.units, rel=0.05)
+        state.queue.admit("video_long", 0, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
+        full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind a ~40 s job
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full" and len(seen) == 1
+        assert client.post("/v1/images/generations", json=body).status_code == 200  # priority -2 goes first
+
+
+# ---- one real server: wan-sched ----------------------------------------------------------------------
+JOB = {"prompt": "a lantern in the fog", "negative_prompt": "blurry", "size": "128x128", "num_frames": 17,
+       "num_inference_steps": 8, "guidance_scale": 4.0, "seed": 5}
+
+
+def scrape(server, name: str, **labels: str) -> float:
+    """The sum of the samples ``name`` with ``labels`` on the server's ``/metrics``."""
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def wait_idle(server, timeout: float = 120) -> None:
+    """Until no video of this server is queued or running (a test that fills it starts from empty)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        data = requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]
+        if not any(v["status"] in ("queued", "in_progress") for v in data):
+            return
+        time.sleep(0.2)
+    raise AssertionError("the server did not drain")
+
+
+def wait_all(server, ids: list[str], timeout: float = 180) -> dict[str, dict]:
+    deadline, done = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline and len(done) < len(ids):
+        for i in set(ids) - set(done):
+            body = requests.get(f"{server.url}/v1/videos/{i}", timeout=30).json()
+            if body["status"] in ("completed", "failed"):
+                done[i] = body
+        time.sleep(0.2)
+    return done
+
+
+def fill(server, limit: int = 40, **fields) -> tuple[list[str], requests.Response | None]:
+    """Async creates sent back to back until the first 429: (admitted ids, that 429 answer)."""
+    ids = []
+    for _ in range(limit):
+        resp = requests.post(server.url + "/v1/videos", json={**JOB, **fields}, timeout=60)
+        if resp.status_code == 429:
+            return ids, resp
+        assert resp.status_code == 200, resp.text
+        ids.append(resp.json()["id"])
+    return ids, None
+
+
+@pytest.fixture(scope="module")
+def burst(server_pool) -> dict:
+    """``wan-sched`` filled up to its bound once; what the tests below look at."""
+    server = server_pool.get("wan-sched", quiet=True)
+    wait_idle(server)
+    ids, refused = fill(server)
+    listed = requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]  # one snapshot
+    queued = [v for v in listed if v["id"] in ids and v["status"] == "queued"]
+    last = requests.get(f"{server.url}/v1/videos/{queued[-1]['id']}", timeout=30) if queued else None
+    depth_while_full = scrape(server, "omni_ext:queue_depth", priority="0")
+    done = wait_all(server, ids)
+    return {"server": server, "ids": ids, "refused": refused, "queued": queued, "last": last,
+            "depth_while_full": depth_while_full, "done": done}
+
+
+def test_a_full_server_answers_429_with_retry_after(burst) -> None:
+    refused = burst["refused"]
+    assert refused is not None, f"{len(burst['ids'])} creates in a row were all admitted"
+    assert len(burst["ids"]) >= 2  # two ranks: the first two start at once
+    err = refused.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert (err["type"], err["code"], err["param"]) == ("rate_limit_error", "queue_full", None)
+    assert "omni_ext.scheduler.max_wait_s" in err["message"] and "bound of 3 s" in err["message"]
+    seconds, ms = int(refused.headers["retry-after"]), int(refused.headers["retry-after-ms"])
+    assert seconds >= 1 and seconds == -(-ms // 1000), refused.headers
+
+
+def test_queued_jobs_show_their_position_and_predicted_start(burst) -> None:
+    queued = burst["queued"]
+    assert queued, "no job of the burst was queued when the server refused"
+    assert sorted(v["queue_position"] for v in queued) == list(range(len(queued)))  # in one listing: 0, 1, ...
+    for body in queued:
+        assert 0 <= body["predicted_wait_s"] < 60  # admitted within the bound; revised as jobs run
+        assert body["predicted_start_at"] >= body["created_at"]
+    last = burst["last"]
+    if last.json()["status"] == "queued":  # (it may have started since the listing)
+        assert {"queue_position", "predicted_wait_s", "predicted_start_at"} <= set(last.json())
+        assert 100 <= int(last.headers["openai-poll-after-ms"]) <= 5000
+
+
+def test_every_admitted_job_completes(burst) -> None:
+    assert sorted(burst["done"]) == sorted(burst["ids"])
+    assert {b["status"] for b in burst["done"].values()} == {"completed"}, burst["done"]
+
+
+def test_scheduler_metrics_on_the_servers_metrics_endpoint(burst) -> None:
+    server, n = burst["server"], len(burst["ids"])
+    assert burst["depth_while_full"] >= 1
+    assert scrape(server, "omni_ext:requests_admitted_total") >= n
+    assert scrape(server, "omni_ext:requests_refused_total", reason="queue_full") >= 1
+    assert scrape(server, "omni_ext:predicted_wait_seconds_count") >= n
+    assert scrape(server, "omni_ext:job_seconds_count") >= n
+
+
+def test_openai_sdk_rides_out_a_full_server(server_pool) -> None:
+    """The official SDK, with no code of its own: it retries 429 after retry-after-ms, and every
+    request it got accepted completes."""
+    import httpx
+    import openai
+
+    warnings.simplefilter("ignore", DeprecationWarning)
+    server = server_pool.get("wan-sched", quiet=True)
+    wait_idle(server)
+    ids, refused = fill(server)
+    assert refused is not None
+    statuses: list[int] = []
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=120,
+                           http_client=httpx.Client(event_hooks={"response": [lambda r: statuses.append(r.status_code)]}))
+    extra = {k: v for k, v in JOB.items() if k not in ("prompt", "size")}
+
+    def create(seed: int) -> str:
+        video = client.with_options(max_retries=8).videos.create(prompt="a paper boat", size="128x128",
+                                                                  extra_body={**extra, "seed": seed})
+        return video.id
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        sdk_ids = list(pool.map(create, range(4)))
+    assert 429 in statuses and statuses.count(200) == 4, statuses
+    done = wait_all(server, ids + sdk_ids)
+    assert {b["status"] for b in done.values()} == {"completed"} and len(done) == len(ids) + 4
+
+
+def post_until_admitted(server, body: dict, attempts: int = 5) -> requests.Response:
+    """POST /v1/videos as a patient client: after a 429, wait its retry-after-ms and try again."""
+    for _ in range(attempts):
+        resp = requests.post(server.url + "/v1/videos", json=body, timeout=60)
+        if resp.status_code != 429:
+            return resp
+        time.sleep(int(resp.headers["retry-after-ms"]) / 1000)
+    return resp
+
+
+def test_a_priority_job_is_queued_ahead_of_earlier_ones(server_pool) -> None:
+    server = server_pool.get("wan-sched", quiet=True)
+    wait_idle(server)
+    ids, _ = fill(server, limit=6)
+    # Its predicted wait is the running jobs' rest only (it goes first), so it is admitted.
+    urgent = post_until_admitted(server, {**JOB, "priority": -1})
+    assert urgent.status_code == 200, urgent.text
+    listed = {v["id"]: v for v in requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]}
+    urgent = listed[urgent.json()["id"]]
+    later = [listed[i]["queue_position"] for i in ids if listed[i]["status"] == "queued"]
+    assert urgent["priority"] == -1 and later, listed  # priority-0 jobs sent before it still wait
+    if urgent["status"] == "queued":
+        assert urgent["queue_position"] == 0 and min(later) == 1, listed
+    # (else a rank freed in between and the urgent job took it, ahead of those still queued)
+    done = wait_all(server, ids + [urgent["id"]])
+    assert {b["status"] for b in done.values()} == {"completed"}
+
+
+def test_a_sync_client_that_disconnects_frees_its_slot(server_pool) -> None:
+    import httpx
+
+    server = server_pool.get("wan-sched", quiet=True)
+    wait_idle(server)
+    cancelled = scrape(server, "omni_ext:requests_cancelled_total", reason="client_disconnected")
+    long = {**JOB, "size": "256x256", "num_inference_steps": 200}  # tens of seconds, predicted far over the bound
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/videos/sync", json=long, timeout=httpx.Timeout(30, read=3))
+    t0 = time.monotonic()
+    while scrape(server, "omni_ext:requests_cancelled_total", reason="client_disconnected") < cancelled + 1:
+        assert time.monotonic() - t0 < 5, "the server did not notice the client leave"
+        time.sleep(0.05)
+    assert "client disconnected; generation aborted" in server.log_text()
+    quick = requests.post(server.url + "/v1/videos/sync", json=JOB, timeout=120)
+    # Admitted (the gone request's ticket was dropped: its predicted rest would exceed the bound) and
+    # run at once (the engine aborted it at its next step).
+    assert quick.status_code == 200, quick.text[:300]
+    assert time.monotonic() - t0 < 15
