@@ -112,15 +112,16 @@ def register_vllm() -> None:
 
 
 def _check_serve_command() -> None:
-    """Fail fast, with one clear line, on a ``vllm-omni serve`` model that cannot be loaded."""
+    """Fail fast, with one clear line, on a ``vllm-omni serve`` model that cannot be loaded or
+    omni-ext options that are wrong."""
     import sys
 
-    from omni_ext.startup import check_model, serve_model_arg
+    from omni_ext.startup import check_model, check_serve_options, serve_model_arg
 
     if multiprocessing.current_process().name != "MainProcess":
         return
     model = serve_model_arg(sys.argv)
-    problem = check_model(model) if model else None
+    problem = (check_model(model) if model else None) or check_serve_options(sys.argv)
     if problem:
         logger.error("omni-ext: cannot start vllm-omni serve: %s", problem)
         raise SystemExit(2)

@@ -60,6 +60,27 @@ def serve_model_arg(argv: Sequence[str]) -> str | None:
     return None
 
 
+def check_serve_options(argv: Sequence[str]) -> str | None:
+    """What is wrong with omni-ext's options in a ``vllm-omni serve ... --omni`` command line
+    (``--additional-config '{"omni_ext": {"scheduler": ...}}'``), or None.
+
+    Checked before the model loads, so a typo fails in a second on every server, not only once the
+    TunedExecutor starts (or at the first request on a server without it)."""
+    from omni_ext.scheduler.config import scheduler_config
+
+    args = list(argv[1:])
+    if "--omni" not in args or "serve" not in args:
+        return None
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--additional-config"]
+    values += [a.split("=", 1)[1] for a in args if a.startswith("--additional-config=")]
+    for raw in values:
+        try:
+            scheduler_config(raw)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+            return f"invalid --additional-config: {exc}"
+    return None
+
+
 def _looks_like_path(model: str) -> bool:
     # Hub ids are "name" or "org/name"; anything absolute, relative-dotted or deeper is a path.
     return model.startswith(("/", ".", "~")) or model.count("/") >= 2

@@ -76,3 +76,15 @@ def test_check_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert "Hugging Face cache" in check_model("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+
+
+def test_bad_scheduler_option_fails_before_the_model_loads() -> None:
+    from omni_ext.startup import check_serve_options
+
+    base = ["vllm-omni", "serve", "/m", "--omni"]
+    assert check_serve_options(base) is None
+    assert check_serve_options([*base, "--additional-config", '{"omni_ext": {"scheduler": {"max_wait_s": 9}}}']) is None
+    assert check_serve_options(["vllm", "serve", "/m", "--additional-config", "{bad"]) is None  # not an omni serve
+    bad = check_serve_options([*base, "--additional-config", '{"omni_ext": {"scheduler": {"max_wait": 9}}}'])
+    assert bad is not None and "unknown omni_ext.scheduler option(s) ['max_wait']" in bad
+    assert "invalid --additional-config" in check_serve_options([*base, "--additional-config={nope"])  # type: ignore[operator]

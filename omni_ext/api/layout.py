@@ -46,7 +46,7 @@ class ServerLayout:
         if not self.tuned:
             return self.replicas
         family = families.family_of(pipeline)
-        splits_groups = family is not None and family.tuned_class is not None and family.cfg_rule != "always"
+        splits_groups = family is not None and family.splits_cfg_groups
         per_replica = self.dp * self.cfg if splits_groups and cfg_mode != "pair" else self.dp
         return self.replicas * per_replica
 

@@ -36,12 +36,7 @@ from omni_ext.progress import StepProgress, read_progress
 from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predict_start
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel, remaining_s, shape_key
-from omni_ext.scheduler.order import Ticket, in_order
-
-#: Where a request's priority travels to the TunedExecutor: vLLM-Omni merges a video request's
-#: ``extra_params`` (an image request's ``extra_args``) into ``sampling_params.extra_args``.
-PRIORITY_ARG = "omni_ext_priority"
-
+from omni_ext.scheduler.order import PRIORITY_ARG, Ticket, in_order
 
 @dataclass(frozen=True)
 class JobShape:

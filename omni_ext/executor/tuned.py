@@ -81,7 +81,7 @@ from omni_ext.executor import ascend, protocol
 from omni_ext.models import families
 from omni_ext.scheduler import cost, placement
 from omni_ext.scheduler.config import omni_ext_section, scheduler_config
-from omni_ext.scheduler.order import Ticket, sort_key
+from omni_ext.scheduler.order import PRIORITY_ARG, Ticket, sort_key
 from omni_ext.scheduler.placement import JobMode, JobNeeds
 
 logger = logging.getLogger("omni_ext.executor")
@@ -92,9 +92,6 @@ _READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800
 DUMMY_REQUEST_PREFIX = "dummy_req_id"
 #: The warm-up's priority: it is the only job at start-up, and it stays ahead of anything queued meanwhile.
 WARM_UP_PRIORITY = -(10**6)
-#: Where the API process puts a request's priority (vLLM-Omni copies a request's ``extra_params``
-#: into ``sampling_params.extra_args``).
-PRIORITY_ARG = "omni_ext_priority"
 
 
 def _priority(request_id: str, sp: Any) -> int:
@@ -197,7 +194,7 @@ class TunedExecutor(DiffusionExecutor):
         # one-rank job out of the group's collectives and runs both guidance branches there); any
         # other model's requests take the whole group, as under vLLM-Omni's own executor, and its
         # warm-up is an ordinary request.
-        self._tuned_model = family is not None and family.tuned_class is not None and family.cfg_rule != "always"
+        self._tuned_model = family is not None and family.splits_cfg_groups
         self.cfg_mode = self.sched.cfg_mode if self._tuned_model else "pair"
 
         # vLLM-Omni's engine waits at most VLLM_OMNI_ASYNC_OUTPUT_TIMEOUT (600 s) for an async output;

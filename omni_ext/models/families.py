@@ -72,6 +72,14 @@ class ModelFamily:
     def is_video(self) -> bool:
         return self.kind == "video"
 
+    @property
+    def splits_cfg_groups(self) -> bool:
+        """Whether the TunedExecutor may run this family's requests on one rank of a CFG group (a
+        CFG-free request, or a CFG request with both branches on that rank): only a tuned pipeline
+        keeps a one-rank job out of the group's collectives, and only a known CFG rule says which
+        requests are CFG-free."""
+        return self.tuned_class is not None and self.cfg_rule != "always"
+
     def cost_units(self, sp: Any, cfg: bool) -> float:
         """A request's expected work in arbitrary units: denoise steps x tokens x branches, plus decode.
 

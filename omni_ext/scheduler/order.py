@@ -21,6 +21,10 @@ from dataclasses import dataclass
 
 from omni_ext.scheduler.config import SchedulerConfig
 
+#: Where a request's priority travels from the API process to the executor: the key in vLLM-Omni's
+#: ``sampling_params.extra_args`` (a request's ``extra_params`` are merged there).
+PRIORITY_ARG = "omni_ext_priority"
+
 
 @dataclass
 class Ticket:
