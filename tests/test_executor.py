@@ -184,8 +184,12 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
     assert set(ex.costs.by_shape) == {single_key}
     assert ex.costs.by_shape[single_key] == pytest.approx(2.0 / a.needs.units)
 
-    # idle: a CFG job alone takes the whole group; the next ones queue
+    # idle: a CFG job alone takes the whole group, once pair_settle_s has shown no burst behind it
     alone = ex._submit("video_d-0000000d", wan_request())
+    assert len(started(ex)) == 4 and ex._pending == [alone]
+    deadline = time.monotonic() + 5
+    while len(started(ex)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert started(ex)[4] == ("video_d-0000000d", (0, 1), "pair")
     assert progress.read_progress("video_d").mode == "pair"
     e = ex._submit("video_e-0000000e", wan_request())

@@ -337,3 +337,24 @@ def test_remaining_time_uses_measured_steps_once_there_are_some() -> None:
     # 5 of 20 steps in 2 s: 15 steps at 0.4 s + what the prediction holds beyond the loop (10 - 8).
     assert remaining_s(10.0, 3.0, 5, 20, 2.0) == pytest.approx(6.0 + 2.0)
     assert remaining_s(None, 3.0, 5, 20, 2.0) == pytest.approx(6.0)
+
+
+def test_adaptive_pairs_only_when_the_free_groups_cover_the_queue() -> None:
+    cfg = [Job("c0", JobNeeds(PAIR)), Job("c1", JobNeeds(PAIR))]
+    assert placed(cfg[:1], {0, 1}, CFG2, cfg_mode="adaptive") == [("c0", (0, 1), "pair")]  # alone: a pair
+    assert placed(cfg, {0, 1}, CFG2, cfg_mode="adaptive") == [("c0", (0,), "single"), ("c1", (1,), "single")]
+    assert placed(cfg, {0, 1, 2, 3}, CFG2_DP2, cfg_mode="adaptive") == [("c0", (0, 1), "pair"), ("c1", (2, 3), "pair")]
+    assert placed(cfg[:1], {1}, CFG2, cfg_mode="adaptive") == [("c0", (1,), "single")]  # partner busy: work now
+    assert placed(cfg[:1], {0, 1}, CFG2, cfg_mode="single") == [("c0", (0,), "single")]
+    assert placed(cfg, {0, 1}, CFG2, cfg_mode="pair") == [("c0", (0, 1), "pair")]
+
+
+def test_adaptive_pair_waits_its_settle_time_so_a_burst_is_seen_as_a_burst() -> None:
+    first = Job("c0", JobNeeds(PAIR, arrival=10.0))
+    assert placed([first], {0, 1}, CFG2, cfg_mode="adaptive", now=10.05, pair_settle_s=0.1) == []
+    assert placed([first], {0, 1}, CFG2, cfg_mode="adaptive", now=10.11, pair_settle_s=0.1) == [("c0", (0, 1), "pair")]
+    # the rest of the burst arrived meanwhile: singles at once, no settle wait
+    burst = [first, Job("c1", JobNeeds(PAIR, arrival=10.02))]
+    assert placed(burst, {0, 1}, CFG2, cfg_mode="adaptive", now=10.03, pair_settle_s=0.1) == [
+        ("c0", (0,), "single"), ("c1", (1,), "single")]
+    assert placed([first], {0, 1}, CFG2, cfg_mode="pair", now=10.0, pair_settle_s=0.1) == [("c0", (0, 1), "pair")]

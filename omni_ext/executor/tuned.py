@@ -461,16 +461,15 @@ class TunedExecutor(DiffusionExecutor):
         warm_up = request_id.startswith(DUMMY_REQUEST_PREFIX)
         mode = JobMode.for_request(needs_cfg=cfg, group_size=self.cfg_size, warm_up=warm_up and self._tuned_model)
         seq = next(self._ids)
+        arrival = time.monotonic()
         shape, steps = self._shape_of(sp, cfg)
         job = _Job(
             job_id=f"omx-{seq}",
             seq=seq,
             request_id=request_id,
             req=req,
-            needs=JobNeeds(mode, families.cost_units(self.model_arch, sp, cfg)),
-            ticket=Ticket(
-                f"omx-{seq}", WARM_UP_PRIORITY if warm_up else _priority(request_id, sp), arrival=time.monotonic()
-            ),
+            needs=JobNeeds(mode, families.cost_units(self.model_arch, sp, cfg), arrival=arrival),
+            ticket=Ticket(f"omx-{seq}", WARM_UP_PRIORITY if warm_up else _priority(request_id, sp), arrival=arrival),
             shape=shape,
             steps=steps,
         )
@@ -481,6 +480,8 @@ class TunedExecutor(DiffusionExecutor):
             self._outputs[job.job_id] = job
             self._pending.append(job)
             self._dispatch_locked()
+            if job.needs.mode is JobMode.PAIR and self.cfg_mode == "adaptive" and job in self._pending:
+                self._dispatch_after(self.sched.pair_settle_s)  # its pair decision is due then
             if job in self._pending:
                 logger.info(
                     "omni-ext: queued request %s (priority %d, %d waiting)",
@@ -548,12 +549,22 @@ class TunedExecutor(DiffusionExecutor):
     def _free_ranks(self) -> list[int]:
         return [r for r, v in self._busy.items() if v is None]
 
+    def _dispatch_after(self, seconds: float) -> None:
+        def again() -> None:
+            with self._lock:
+                self._dispatch_locked()
+
+        timer = threading.Timer(seconds + 0.001, again)
+        timer.daemon = True
+        timer.start()
+
     def _dispatch_locked(self) -> None:
         """Start what the order and placement rules allow now (under the lock; nothing while an RPC waits)."""
         if self._failed or self._closed or not self._pending:
             return
         starts = placement.next_placements(
-            self._ordered_pending(), self._free_ranks(), self.layout, hold=bool(self._rpc_barrier), cfg_mode=self.cfg_mode
+            self._ordered_pending(), self._free_ranks(), self.layout, hold=bool(self._rpc_barrier),
+            cfg_mode=self.cfg_mode, now=time.monotonic(), pair_settle_s=self.sched.pair_settle_s,
         )
         for start in starts:
             self._pending.remove(start.job)

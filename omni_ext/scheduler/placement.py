@@ -15,7 +15,9 @@ Rules, in queue order:
    both branches there; ``"adaptive"`` runs as a pair while the free groups are enough for it and
    every job queued behind it, and as a single rank once others wait (a pair reaches ~1.45x of
    one device on a CPU host, two single ranks ~1.8x: under load a pair wastes a quarter of the
-   group). Outputs are the same bytes either way.
+   group). Outputs are the same bytes either way. Requests of a burst reach the executor one by
+   one, a few milliseconds apart, so an adaptive pair decision waits until the job has been queued
+   ``pair_settle_s``: a burst is then seen as a burst, not as an idle server.
 3. A :attr:`JobMode.SINGLE` job takes one free rank, preferring a rank whose group partner is
    busy, so that whole groups stay free for pair jobs (ties: the lowest rank). A cfg-2 group thus
    serves two CFG-free requests at once.
@@ -67,6 +69,7 @@ class JobNeeds:
 
     mode: JobMode
     units: float = 0.0
+    arrival: float = 0.0  # monotonic seconds it was queued (the adaptive rule's settle time)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", JobMode(self.mode))  # accept the plain value too
@@ -111,11 +114,18 @@ class Start(Generic[J]):
 
 
 def next_placements(
-    pending: Iterable[J], free_ranks: Iterable[int], layout: Layout, *, hold: bool = False, cfg_mode: str = "pair"
+    pending: Iterable[J],
+    free_ranks: Iterable[int],
+    layout: Layout,
+    *,
+    hold: bool = False,
+    cfg_mode: str = "pair",
+    now: float = 0.0,
+    pair_settle_s: float = 0.0,
 ) -> list[Start[J]]:
     """The jobs to start now, in order (a prefix of ``pending``, which is already in the order the
     scheduler wants), each with its ranks and how they run it (see the rules in the module
-    docstring). ``hold``: start nothing."""
+    docstring). ``hold``: start nothing. ``now``: the clock of the jobs' ``arrival``."""
     if hold:
         return []
     queue = list(pending)
@@ -123,6 +133,8 @@ def next_placements(
     starts: list[Start[J]] = []
     for i, job in enumerate(queue):
         mode = _mode_now(job.needs.mode, cfg_mode, waiting=len(queue) - i, free=free, layout=layout)
+        if mode is JobMode.PAIR and cfg_mode == "adaptive" and now - job.needs.arrival < pair_settle_s:
+            break  # too early to tell an idle server from the first request of a burst
         ranks = _ranks_for(mode, free, layout)
         if ranks is None:
             break  # later jobs wait for this one
