@@ -163,10 +163,11 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
     from omni_ext import progress
 
     monkeypatch.setenv(progress.ENV, str(tmp_path))
-    ex = bare_executor()
+    ex = bare_executor(settle_s=0.05)
     warm = ex._submit("dummy_req_id_0", wan_request(guidance=1.0))
     a, b = ex._submit("video_a-0000000a", wan_request()), ex._submit("video_b-0000000b", wan_request())
     urgent = ex._submit("video_c-0000000c", wan_request(priority="-1"))
+    time.sleep(0.06)  # past the settle time: the burst is whole
     assert [j.ticket.priority for j in (warm, a, b, urgent)] == [-(10**6), 0, 0, -1]
     assert started(ex) == [("dummy_req_id_0", (0, 1), "single")]  # the warm-up, alone on every rank
     assert not list(tmp_path.iterdir())  # no start marker for the warm-up
@@ -184,7 +185,7 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
     assert set(ex.costs.by_shape) == {single_key}
     assert ex.costs.by_shape[single_key] == pytest.approx(2.0 / a.needs.units)
 
-    # idle: a CFG job alone takes the whole group, once pair_settle_s has shown no burst behind it
+    # idle: a CFG job alone takes the whole group, once settle_s has shown no burst behind it
     alone = ex._submit("video_d-0000000d", wan_request())
     assert len(started(ex)) == 4 and ex._pending == [alone]
     deadline = time.monotonic() + 5
@@ -213,7 +214,7 @@ def test_request_priority_from_extra_args(raw, expected: int) -> None:
 
 
 def test_cancelled_head_job_lets_the_jobs_behind_it_start() -> None:
-    ex = bare_executor(cfg_mode="pair")
+    ex = bare_executor(cfg_mode="pair", settle_s=0)
     busy = ex._submit("video_a-0000000a", wan_request(guidance=1.0))  # one rank
     head = ex._submit("video_b-0000000b", wan_request())  # needs the whole group: waits
     behind = ex._submit("video_c-0000000c", wan_request(guidance=1.0))  # would fit, but no overtaking

@@ -351,10 +351,22 @@ def test_adaptive_pairs_only_when_the_free_groups_cover_the_queue() -> None:
 
 def test_adaptive_pair_waits_its_settle_time_so_a_burst_is_seen_as_a_burst() -> None:
     first = Job("c0", JobNeeds(PAIR, arrival=10.0))
-    assert placed([first], {0, 1}, CFG2, cfg_mode="adaptive", now=10.05, pair_settle_s=0.1) == []
-    assert placed([first], {0, 1}, CFG2, cfg_mode="adaptive", now=10.11, pair_settle_s=0.1) == [("c0", (0, 1), "pair")]
-    # the rest of the burst arrived meanwhile: singles at once, no settle wait
+    assert placed([first], {0, 1}, CFG2, cfg_mode="adaptive", now=10.05, settle_s=0.1) == []
+    assert placed([first], {0, 1}, CFG2, cfg_mode="adaptive", now=10.11, settle_s=0.1) == [("c0", (0, 1), "pair")]
+    # the rest of the burst arrived meanwhile: singles once the idle settle time is over
     burst = [first, Job("c1", JobNeeds(PAIR, arrival=10.02))]
-    assert placed(burst, {0, 1}, CFG2, cfg_mode="adaptive", now=10.03, pair_settle_s=0.1) == [
+    assert placed(burst, {0, 1}, CFG2, cfg_mode="adaptive", now=10.03, settle_s=0.1) == []
+    assert placed(burst, {0, 1}, CFG2, cfg_mode="adaptive", now=10.11, settle_s=0.1) == [
         ("c0", (0,), "single"), ("c1", (1,), "single")]
-    assert placed([first], {0, 1}, CFG2, cfg_mode="pair", now=10.0, pair_settle_s=0.1) == [("c0", (0, 1), "pair")]
+    # a pair-only layout that is busy elsewhere does not wait (only an idle layout settles)
+    other = Job("c2", JobNeeds(PAIR, arrival=10.0))
+    assert placed([other], {2, 3}, CFG2_DP2, cfg_mode="pair", now=10.0, settle_s=0.1) == [("c2", (2, 3), "pair")]
+
+
+def test_an_idle_layout_waits_for_the_burst_then_orders_it_longest_first() -> None:
+    short = Job("short", JobNeeds(SINGLE, units=1.0, arrival=10.0))
+    assert placed([short], {0, 1}, CFG1_DP2, now=10.02, settle_s=0.05) == []  # idle: the burst may go on
+    assert placed([short], {0, 1}, CFG1_DP2, now=10.06, settle_s=0.05) == [("short", (0,), "single")]
+    assert placed([short], {1}, CFG1_DP2, now=10.0, settle_s=0.05) == [("short", (1,), "single")]  # busy: no wait
+    warm = Job("warm", JobNeeds(ALL, arrival=10.0))
+    assert placed([warm], {0, 1}, CFG1_DP2, now=10.0, settle_s=0.05) == [("warm", (0, 1), "single")]

@@ -480,8 +480,8 @@ class TunedExecutor(DiffusionExecutor):
             self._outputs[job.job_id] = job
             self._pending.append(job)
             self._dispatch_locked()
-            if job.needs.mode is JobMode.PAIR and self.cfg_mode == "adaptive" and job in self._pending:
-                self._dispatch_after(self.sched.pair_settle_s)  # its pair decision is due then
+            if job in self._pending and self.sched.settle_s > 0:
+                self._dispatch_after(self.sched.settle_s)  # a settle hold (placement rule 5) ends then
             if job in self._pending:
                 logger.info(
                     "omni-ext: queued request %s (priority %d, %d waiting)",
@@ -564,7 +564,7 @@ class TunedExecutor(DiffusionExecutor):
             return
         starts = placement.next_placements(
             self._ordered_pending(), self._free_ranks(), self.layout, hold=bool(self._rpc_barrier),
-            cfg_mode=self.cfg_mode, now=time.monotonic(), pair_settle_s=self.sched.pair_settle_s,
+            cfg_mode=self.cfg_mode, now=time.monotonic(), settle_s=self.sched.settle_s,
         )
         for start in starts:
             self._pending.remove(start.job)

@@ -15,15 +15,17 @@ Rules, in queue order:
    both branches there; ``"adaptive"`` runs as a pair while the free groups are enough for it and
    every job queued behind it, and as a single rank once others wait (a pair reaches ~1.45x of
    one device on a CPU host, two single ranks ~1.8x: under load a pair wastes a quarter of the
-   group). Outputs are the same bytes either way. Requests of a burst reach the executor one by
-   one, a few milliseconds apart, so an adaptive pair decision waits until the job has been queued
-   ``pair_settle_s``: a burst is then seen as a burst, not as an idle server.
+   group). Outputs are the same bytes either way.
 3. A :attr:`JobMode.SINGLE` job takes one free rank, preferring a rank whose group partner is
    busy, so that whole groups stay free for pair jobs (ties: the lowest rank). A cfg-2 group thus
    serves two CFG-free requests at once.
 4. A :attr:`JobMode.ALL_RANKS` job (vLLM-Omni's start-up warm-up) waits until every rank is free
    and runs on each of them alone, so every worker is warm before the first real request.
-5. While the executor holds dispatch (a control-plane RPC waits for every rank to be idle),
+5. Settling: the requests of a burst reach the executor one by one, a few milliseconds apart. An
+   idle layout starts nothing until its oldest queued job has waited ``settle_s``, and an
+   adaptive pair decision waits until the job has waited ``settle_s``: a burst is then ordered
+   and placed as a burst, not as an idle server that gets one request.
+6. While the executor holds dispatch (a control-plane RPC waits for every rank to be idle),
    nothing starts.
 """
 
@@ -121,7 +123,7 @@ def next_placements(
     hold: bool = False,
     cfg_mode: str = "pair",
     now: float = 0.0,
-    pair_settle_s: float = 0.0,
+    settle_s: float = 0.0,
 ) -> list[Start[J]]:
     """The jobs to start now, in order (a prefix of ``pending``, which is already in the order the
     scheduler wants), each with its ranks and how they run it (see the rules in the module
@@ -130,10 +132,13 @@ def next_placements(
         return []
     queue = list(pending)
     free = set(free_ranks)
+    burst = [j for j in queue if j.needs.mode is not JobMode.ALL_RANKS]  # the start-up warm-up never waits
+    if burst and free.issuperset(layout.ranks) and now - min(j.needs.arrival for j in burst) < settle_s:
+        return []  # idle: let the rest of a burst arrive first
     starts: list[Start[J]] = []
     for i, job in enumerate(queue):
         mode = _mode_now(job.needs.mode, cfg_mode, waiting=len(queue) - i, free=free, layout=layout)
-        if mode is JobMode.PAIR and cfg_mode == "adaptive" and now - job.needs.arrival < pair_settle_s:
+        if mode is JobMode.PAIR and cfg_mode == "adaptive" and now - job.needs.arrival < settle_s:
             break  # too early to tell an idle server from the first request of a burst
         ranks = _ranks_for(mode, free, layout)
         if ranks is None:
