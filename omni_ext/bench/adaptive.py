@@ -197,8 +197,7 @@ def table(result: dict[str, Any]) -> str:
     if ceil:
         out.append(f"bare host: a pair {c.fmt(ceil['cfg_pair'].get('speedup'))}x one process, two independent "
                    f"processes {c.fmt(ceil['two_ranks'].get('throughput_ratio'))}x")
-    if not result["measurement"]:
-        out.append(f"NOT A MEASUREMENT: {result['host']['warning']}")
+    out += c.not_a_measurement(result)
     return "\n\n".join(out)
 
 
@@ -210,8 +209,4 @@ def dry_run(args) -> dict[str, Any]:
 
 
 def main(args) -> int:
-    c.apply_profile(args, DEFAULTS, QUICK)
-    if args.dry_run:
-        return c.print_plan(dry_run(args))
-    result = run(args)
-    return c.write_result(args.json, result, table(result))
+    return c.run_command(args, DEFAULTS, QUICK, dry_run, run, table)

@@ -335,8 +335,7 @@ def table(result: dict[str, Any]) -> str:
                  ["priority: timing source", p.get("source")]]
     out.append(c.format_table(["count", "value"], rows))
     out += result.get("notes") or []
-    if not result["measurement"]:
-        out.append(f"NOT A MEASUREMENT: {result['host']['warning']}")
+    out += c.not_a_measurement(result)
     return "\n\n".join(out)
 
 
@@ -351,8 +350,4 @@ def dry_run(args) -> dict[str, Any]:
 
 
 def main(args) -> int:
-    c.apply_profile(args, DEFAULTS, QUICK)
-    if args.dry_run:
-        return c.print_plan(dry_run(args))
-    result = run(args)
-    return c.write_result(args.json, result, table(result))
+    return c.run_command(args, DEFAULTS, QUICK, dry_run, run, table)

@@ -315,6 +315,21 @@ def write_result(path: str | Path, result: dict[str, Any], table: str) -> int:
     return 0
 
 
+def run_command(args, defaults: dict[str, Any], quick: dict[str, Any], dry_run, run, table) -> int:
+    """What every scheduler benchmark command does: apply the ``--quick`` profile, then either print
+    the plan (``--dry-run``) or measure, print the table and write the JSON."""
+    apply_profile(args, defaults, quick)
+    if args.dry_run:
+        return print_plan(dry_run(args))
+    result = run(args)
+    return write_result(args.json, result, table(result))
+
+
+def not_a_measurement(result: dict[str, Any]) -> list[str]:
+    """The table's closing line when the host was busy at the start (empty otherwise)."""
+    return [] if result["measurement"] else [f"NOT A MEASUREMENT: {result['host']['warning']}"]
+
+
 def print_plan(plan: dict[str, Any]) -> int:
     """``--dry-run``: what the benchmark would start and send, without starting anything."""
     print(json.dumps(plan, indent=2, default=str), flush=True)

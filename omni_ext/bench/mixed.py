@@ -237,8 +237,7 @@ def table(result: dict[str, Any]) -> str:
     if ceil:
         out.append(f"bare host: two independent processes {c.fmt(ceil.get('throughput_ratio'))}x one "
                    f"(two jobs at once each {c.fmt(ceil.get('two_jobs_at_once_slowdown'))}x slower than alone)")
-    if not result["measurement"]:
-        out.append(f"NOT A MEASUREMENT: {result['host']['warning']}")
+    out += c.not_a_measurement(result)
     return "\n\n".join(out)
 
 
@@ -251,8 +250,4 @@ def dry_run(args) -> dict[str, Any]:
 
 
 def main(args) -> int:
-    c.apply_profile(args, DEFAULTS, QUICK)
-    if args.dry_run:
-        return c.print_plan(dry_run(args))
-    result = run(args)
-    return c.write_result(args.json, result, table(result))
+    return c.run_command(args, DEFAULTS, QUICK, dry_run, run, table)
