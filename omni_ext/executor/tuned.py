@@ -32,6 +32,9 @@ in ``tests/test_scheduler.py``; options from ``--additional-config '{"omni_ext":
 - any other request (CFG off: Wan guidance <= 1, Qwen-Image without a negative prompt; or a cfg-1
   layout) takes ONE free rank (SINGLE job), preferring a rank whose partner is busy, so whole
   groups stay free for pair jobs. A cfg-2 group therefore serves two CFG-free requests at once;
+- an idle executor waits ``settle_s`` (0.05 s) after the first job arrives before it starts
+  anything, so a burst (whose requests arrive a few milliseconds apart) is ordered and placed whole;
+  a timer re-runs the rules when that time is up;
 - vLLM-Omni's start-up warm-up (CFG-free for the models with a tuned pipeline) goes first and runs
   once on every rank. Models without one (no ``tuned_class`` in :mod:`omni_ext.models.families`)
   keep vLLM-Omni's rule: every request takes a whole CFG group.
