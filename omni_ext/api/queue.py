@@ -33,10 +33,10 @@ from omni_ext.api import metrics
 from omni_ext.api.errors import APIError, too_busy
 from omni_ext.models import families
 from omni_ext.progress import StepProgress, read_progress
-from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predict_start
+from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.cost import CostModel, remaining_s, shape_key
-from omni_ext.scheduler.order import PRIORITY_ARG, Ticket, in_order
+from omni_ext.scheduler.cost import CostModel, remaining_s, request_shape
+from omni_ext.scheduler.order import PRIORITY_ARG, Ticket
 
 @dataclass(frozen=True)
 class JobShape:
@@ -55,11 +55,6 @@ def job_shape(
     """The shape of a request as its pipeline will run it: unset sizes take the family's native
     ones, and CFG is decided by the pipeline's own rule (:func:`omni_ext.models.families.needs_cfg`).
     ``n`` outputs cost ``n`` times one."""
-    family = families.family_of(pipeline)
-    native = family.native if family is not None else None
-    width = width or (native.width if native else None)
-    height = height or (native.height if native else None)
-    frames = frames or (native.num_frames if native else None)
     sp = SimpleNamespace(
         num_inference_steps=steps, width=width, height=height, num_frames=frames,
         guidance_scale=guidance_scale, guidance_scale_provided=guidance_scale is not None,
@@ -67,8 +62,7 @@ def job_shape(
         true_cfg_scale=true_cfg_scale,
     )
     cfg = families.needs_cfg(pipeline, {"negative_prompt": negative_prompt}, sp)
-    video = family.is_video if family is not None else families.is_video(pipeline)
-    key = shape_key(family.name if family is not None else pipeline, width, height, frames if video else 1, cfg)
+    key, _steps = request_shape(pipeline, sp, cfg)
     return JobShape(key, families.cost_units(pipeline, sp, cfg) * max(1, n))
 
 
@@ -204,10 +198,8 @@ class RequestQueue:
         """Every queued job's position and predicted start."""
         running, queued = self._snapshot()
         known = self.cost.rate() is not None
-        ordered = in_order(queued, self.clock(), self.config)  # what Admission.estimate does for one job
-        ahead = [t.predicted_s or 0.0 for t in ordered]
-        return {t.id: QueueView(i, predict_start(running, ahead[:i], self.slots) if known else None)
-                for i, t in enumerate(ordered)}
+        return {job_id: QueueView(est.position, est.start_in_s if known else None)
+                for job_id, est in self.admission.estimates(self.clock(), running, queued).items()}
 
     def view(self, job_id: str) -> QueueView | None:
         """A queued job's :class:`QueueView`; None once it runs (or is unknown)."""
@@ -215,7 +207,8 @@ class RequestQueue:
 
     def depth_by_priority(self) -> dict[int, int]:
         """Queued (not yet started) jobs per requested priority."""
-        self._snapshot()
+        for tracked in self.jobs.values():
+            self._update(tracked)
         return dict(Counter(tracked.priority for tracked in self.jobs.values() if not tracked.running))
 
     # ---- internals ------------------------------------------------------------------------

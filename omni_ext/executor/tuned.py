@@ -465,7 +465,7 @@ class TunedExecutor(DiffusionExecutor):
         mode = JobMode.for_request(needs_cfg=cfg, group_size=self.cfg_size, warm_up=warm_up and self._tuned_model)
         seq = next(self._ids)
         arrival = time.monotonic()
-        shape, steps = self._shape_of(sp, cfg)
+        shape, steps = cost.request_shape(self.model_arch, sp, cfg)
         job = _Job(
             job_id=f"omx-{seq}",
             seq=seq,
@@ -491,22 +491,6 @@ class TunedExecutor(DiffusionExecutor):
                     request_id, job.ticket.priority, len(self._pending),
                 )
         return job
-
-    def _shape_of(self, sp: Any, cfg: bool) -> tuple[str, int]:
-        """(shape class, denoise steps) of a request; unset fields take the family's native values,
-        as the pipeline would (unknown models: Wan's, as in :func:`omni_ext.models.families.cost_units`)."""
-        family = families.family_of(self.model_arch)
-        native = (family or families.FAMILIES[0]).native
-
-        def value(name: str, default: int) -> int:
-            return int(getattr(sp, name, None) or default)
-
-        frames = value("num_frames", native.num_frames) if family is None or family.is_video else 1
-        key = cost.shape_key(
-            family.name if family else self.model_arch, value("width", native.width), value("height", native.height),
-            frames, cfg,
-        )
-        return key, value("num_inference_steps", native.steps)
 
     def _cost_key(self, job: _Job, mode: JobMode) -> str:
         """Measurements are kept per shape class AND per mode the ranks ran it in: a CFG job on a

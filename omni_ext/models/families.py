@@ -80,15 +80,18 @@ class ModelFamily:
         requests are CFG-free."""
         return self.tuned_class is not None and self.cfg_rule != "always"
 
-    def cost_units(self, sp: Any, cfg: bool) -> float:
-        """A request's expected work in arbitrary units: denoise steps x tokens x branches, plus decode.
-
-        Fields the request leaves unset take the family's native values, as the pipeline would.
-        """
+    def shape_of(self, sp: Any) -> tuple[int, int, int, int]:
+        """(width, height, frames, steps) of a request as the pipeline runs it: fields the request
+        leaves unset take the family's native values; an image is one frame."""
         steps = _get(sp, "num_inference_steps") or self.native.steps
         h = _get(sp, "height") or self.native.height
         w = _get(sp, "width") or self.native.width
         frames = (_get(sp, "num_frames") or self.native.num_frames) if self.is_video else 1
+        return int(w), int(h), int(frames), int(steps)
+
+    def cost_units(self, sp: Any, cfg: bool) -> float:
+        """A request's expected work in arbitrary units: denoise steps x tokens x branches, plus decode."""
+        w, h, frames, steps = self.shape_of(sp)
         latent_frames = 1 + (max(1, int(frames)) - 1) / self.latent_temporal
         tokens = (h / self.latent_spatial) * (w / self.latent_spatial) * latent_frames
         return float(tokens * (steps * (2 if cfg else 1) + self.decode_units))

@@ -28,10 +28,10 @@ from omni_ext.scheduler.order import Ticket, in_order
 MIN_RETRY_S = 1.0
 
 
-def predict_start(running_remaining: Sequence[float], ahead: Sequence[float], capacity: int) -> float:
-    """Seconds from now until a new job starts: ``running_remaining`` (one entry per running job)
-    and then ``ahead`` (service seconds of the queued jobs that start before it, in order) are
-    placed greedily on ``capacity`` slots."""
+def start_times(running_remaining: Sequence[float], queued: Sequence[float], capacity: int) -> list[float]:
+    """Seconds from now until each of the ``queued`` jobs (service seconds, in start order) starts:
+    ``running_remaining`` (one entry per running job) hold their slots first, then each queued job
+    takes the slot that frees first, on ``capacity`` slots."""
     capacity = max(1, int(capacity))
     slots = [0.0] * capacity
     running = sorted((max(0.0, r) for r in running_remaining), reverse=True)
@@ -39,9 +39,19 @@ def predict_start(running_remaining: Sequence[float], ahead: Sequence[float], ca
     for i, rest in enumerate(running[:capacity]):
         slots[i] = rest
     heapq.heapify(slots)
-    for seconds in [*running[capacity:], *ahead]:
-        heapq.heappush(slots, heapq.heappop(slots) + max(0.0, seconds))
-    return slots[0]
+    for rest in running[capacity:]:
+        heapq.heappush(slots, heapq.heappop(slots) + rest)
+    starts = []
+    for seconds in queued:
+        start = heapq.heappop(slots)
+        starts.append(start)
+        heapq.heappush(slots, start + max(0.0, seconds))
+    return starts
+
+
+def predict_start(running_remaining: Sequence[float], ahead: Sequence[float], capacity: int) -> float:
+    """Seconds from now until a new job starts behind ``ahead`` (see :func:`start_times`)."""
+    return start_times(running_remaining, [*ahead, 0.0], capacity)[-1]
 
 
 @dataclass(frozen=True)
@@ -76,12 +86,16 @@ class Admission:
     capacity: int = 1
     promises: list[_Promise] = field(default_factory=list)
 
+    def estimates(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket]) -> dict[str, Estimate]:
+        """Queue position and predicted start of every queued ticket, by id (one pass)."""
+        ordered = in_order(queued, now, self.config)
+        starts = start_times(running_remaining, [_seconds(t) for t in ordered], self.capacity)
+        return {t.id: Estimate(i, start) for i, (t, start) in enumerate(zip(ordered, starts))}
+
     def estimate(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket], ticket: Ticket) -> Estimate:
         """Queue position and predicted start of ``ticket`` (queued or about to be)."""
-        ordered = in_order([*(q for q in queued if q.id != ticket.id), ticket], now, self.config)
-        index = next(i for i, t in enumerate(ordered) if t is ticket)
-        ahead = [_seconds(t) for t in ordered[:index]]
-        return Estimate(index, predict_start(running_remaining, ahead, self.capacity))
+        others = [q for q in queued if q.id != ticket.id]
+        return self.estimates(now, running_remaining, [*others, ticket])[ticket.id]
 
     def decide(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket], new: Ticket) -> Decision:
         """Admit ``new`` or refuse it with the time to come back (and remember that promise)."""
