@@ -46,15 +46,35 @@ def _dp(args) -> int:
     return main_data_parallel(args)
 
 
-def _scheduler_bench(module: str):
+def _module_main(module: str):
+    """``omni_ext.bench.<module>.main``, imported when the command runs (not when the CLI is built)."""
+
     def run(args) -> int:
         import importlib
 
-        if not args.dry_run and not args.json:
-            raise SystemExit(f"omni-ext bench {args.bench_command}: --json OUT is required (or --dry-run)")
         return importlib.import_module(f"omni_ext.bench.{module}").main(args)
 
     return run
+
+
+def _scheduler_bench(module: str):
+    main = _module_main(module)
+
+    def run(args) -> int:
+        if not args.dry_run and not args.json:
+            raise SystemExit(f"omni-ext bench {args.bench_command}: --json OUT is required (or --dry-run)")
+        return main(args)
+
+    return run
+
+
+def _module_command(bsub, name: str, module: str, help: str, description: str) -> None:
+    """A sub-command whose options and ``main`` live in ``omni_ext.bench.<module>`` (``add_arguments``)."""
+    import importlib
+
+    p = bsub.add_parser(name, help=help, description=description)
+    importlib.import_module(f"omni_ext.bench.{module}").add_arguments(p)
+    p.set_defaults(func=_module_main(module))
 
 
 def add_subcommands(sub) -> None:
@@ -114,3 +134,18 @@ def add_subcommands(sub) -> None:
     ad.add_argument("--max-fill", type=int, default=None, help="at most this many batch jobs to fill the server")
     ad.add_argument("--skip-priority", action="store_true", default=None, help="skip the priority measurement")
     ad.set_defaults(func=_scheduler_bench("admission"))
+
+    _module_command(
+        bsub, "serving", "serving",
+        help="closed-loop clients against servers or presets, back to back: p50/p90/p99, req/s, errors",
+        description="Drives each configuration through the OpenAI routes as clients would (--concurrency clients, "
+                    "--requests each or --duration), one configuration after another on the same workload. "
+                    "Configurations: --url (a running server), --preset, --config 'label=serve args', "
+                    "--suite topologies. Defaults (video): 64x64, 17 frames, 20 steps, 4 clients, 16 requests, "
+                    "\"med\" tiny model. --quick: 32x32, 5 frames, 2 steps, 2 clients, 4 requests, tiny model.")
+    _module_command(
+        bsub, "api-poll", "api_poll",
+        help="status-poll latency while videos finish: vLLM-Omni's routes vs omni-ext's (p99 goal < 100 ms)",
+        description="Starts the tiny Wan model twice, one after the other (vLLM-Omni's routes: "
+                    "OMNI_EXT_DISABLE_PATCHES=openai-routes; then omni-ext's), submits --videos at once in each and "
+                    "polls GET /v1/videos/{id} at --rate from a separate thread until all are done.")

@@ -24,15 +24,25 @@ def _form(fields: dict[str, Any]) -> dict[str, tuple[None, str]]:
     return {k: (None, str(v)) for k, v in fields.items() if v is not None}
 
 
-def sync_request(url: str, fields: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
-    """One ``POST /v1/videos/sync``: client latency, size, the server's stage durations."""
+class RequestFailed(RuntimeError):
+    """A non-200 answer; ``status`` is its HTTP status (a benchmark counts errors by it)."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"request failed ({status}): {text[:300]}")
+        self.status = status
+
+
+def sync_request(url: str, fields: dict[str, Any], timeout: float = 1800,
+                 headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """One ``POST /v1/videos/sync``: client latency, size, the server's stage durations.
+    Raises :class:`RequestFailed` on a non-200 answer."""
     import requests
 
     t0 = time.perf_counter()
-    r = requests.post(url + "/v1/videos/sync", files=_form(fields), timeout=timeout)
+    r = requests.post(url + "/v1/videos/sync", files=_form(fields), timeout=timeout, headers=headers)
     dt = time.perf_counter() - t0
     if r.status_code != 200:
-        raise RuntimeError(f"request failed ({r.status_code}): {r.text[:300]}")
+        raise RequestFailed(r.status_code, r.text)
     stages = {}
     raw = r.headers.get("X-Stage-Durations")
     if raw:

@@ -41,18 +41,19 @@ def log(msg: str) -> None:
 
 
 # ---- model and servers ---------------------------------------------------------------------------
-def model_path(args) -> Path:
+def model_path(args, family: str = "wan2.1-t2v") -> Path:
     root = Path(args.models_dir or Path(tempfile.gettempdir()) / "omni-ext-bench-models")
-    return root / f"wan2.1-t2v-{args.model_size}-float32"
+    return root / f"{family}-{args.model_size}-float32"
 
 
-def tiny_model(args) -> Path:
-    """The tiny Wan2.1 model of ``--model-size`` (float32), built once and cached under ``--models-dir``."""
+def tiny_model(args, family: str = "wan2.1-t2v") -> Path:
+    """The tiny ``family`` model (``omni_ext.models.tiny.MODELS``; Wan2.1 unless told) of
+    ``--model-size`` (float32), built once and cached under ``--models-dir``."""
     from omni_ext.models.tiny import build_tiny_model
 
-    out = model_path(args)
+    out = model_path(args, family)
     if not (out / "model_index.json").exists():
-        build_tiny_model("wan2.1-t2v", out, size=args.model_size, dtype="float32")
+        build_tiny_model(family, out, size=args.model_size, dtype="float32")
     return out
 
 
@@ -87,11 +88,13 @@ class Servers:
         return {**self.env, "VLLM_OMNI_SERVER_STORAGE__PATH": str(self.workdir / f"storage-{name}"),
                 "OMNI_EXT_API_DATA_DIR": str(self.workdir / f"api-{name}")}
 
-    def start(self, specs: dict[str, list[str]], timeout: float) -> None:
+    def start(self, specs: dict[str, list[str]], timeout: float, envs: dict[str, dict[str, str]] | None = None) -> None:
+        """Start every server of ``specs`` (name -> serve args) at once, then wait until all are ready.
+        ``envs`` adds per-server environment (e.g. ``OMNI_EXT_DISABLE_PATCHES`` for one of them)."""
         from omni_ext.server_process import ServeProcess
 
         for name, args in specs.items():
-            env = self.server_env(name)
+            env = {**self.server_env(name), **(envs or {}).get(name, {})}
             proc = ServeProcess(model=str(self.model), args=[*self.base_args, *args], env=env,
                                 log_path=self.workdir / f"{name}.log").start()
             self.procs[name] = proc
@@ -154,6 +157,21 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
+def percentile(xs: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``xs`` by linear interpolation between closest ranks (numpy's
+    default), so p99 of 4 latencies lies between the two slowest instead of being the slowest;
+    None for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {q}")
+    vals = sorted(float(x) for x in xs)
+    if not vals:
+        return None
+    pos = (len(vals) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """``a / b``, None when either is missing, not finite or ``b`` is 0."""
     if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
@@ -161,15 +179,16 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+_GOAL_OPS = {"<=": float.__le__, ">=": float.__ge__, "<": float.__lt__, ">": float.__gt__}
+
+
 def judge(value: float | None, op: str, target: float) -> bool | None:
-    """Whether ``value`` meets the goal ``op target`` (``<=`` or ``>=``); None without a value."""
+    """Whether ``value`` meets the goal ``op target`` (``<=``, ``>=``, ``<`` or ``>``); None without a value."""
+    if op not in _GOAL_OPS:
+        raise ValueError(f"unknown goal operator {op!r}")
     if value is None or not math.isfinite(value):
         return None
-    if op == "<=":
-        return value <= target
-    if op == ">=":
-        return value >= target
-    raise ValueError(f"unknown goal operator {op!r}")
+    return bool(_GOAL_OPS[op](float(value), float(target)))
 
 
 def figure(value: float | None, op: str, target: float, measurement: bool, **extra: Any) -> dict[str, Any]:
