@@ -129,6 +129,43 @@ def test_error_kinds() -> None:
     assert serving.error_kind(ValueError("x")) == "ValueError"
 
 
+# ---- the closed loop (a local send function: the loop's own rules, no server) -----------------------------
+def _loop_args(**over):
+    args = parse("serving", "--url", "http://h:1", "--concurrency", "3", "--requests", "10", "--steps", "2")
+    serving.prepare(args)
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
+
+
+def test_closed_loop_keeps_concurrency_and_sends_each_request_once() -> None:
+    import threading
+    import time
+
+    from omni_ext.bench.client import RequestFailed
+
+    lock, state = threading.Lock(), {"now": 0, "max": 0}
+
+    def send(fields: dict) -> int:
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        time.sleep(0.02)
+        with lock:
+            state["now"] -= 1
+        if fields["seed"] == 1004:
+            raise RequestFailed(429, "queue full")
+        return 10
+
+    records, wall = serving.closed_loop(send, _loop_args())
+    assert [r["i"] for r in records] == list(range(10)) and [r["seed"] for r in records] == list(range(1000, 1010))
+    assert state["max"] == 3  # never more in flight than clients
+    assert [r["status"] for r in records if not r["ok"]] == ["429"]
+    assert all(r["latency_s"] >= 0.02 for r in records) and wall >= 4 * 0.02  # 10 requests / 3 clients: 4 rounds
+    timed_out, _ = serving.closed_loop(lambda f: time.sleep(0.05) or 1, _loop_args(requests=None, duration=0.2))
+    assert 3 <= len(timed_out) <= 3 * (0.2 / 0.05 + 1)  # stops sending after --duration
+
+
 # ---- configurations and arguments -------------------------------------------------------------------
 def test_configurations_keep_command_line_order_and_labels() -> None:
     args = parse("serving", "--url", "http://127.0.0.1:1", "--label", "first", "--config",

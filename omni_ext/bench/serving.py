@@ -235,6 +235,9 @@ class Client:
 
         self.url, self.args = url, args
         self.headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        # The SDK marks its videos API deprecated (OpenAI's Sora shut-down); the calls are what a client of
+        # this server uses. A process-wide filter: catch_warnings() is not thread-safe across the clients.
+        warnings.filterwarnings("ignore", message="The Sora API", category=DeprecationWarning)
         self.sdk = openai.OpenAI(base_url=url + "/v1", api_key=args.api_key or "unused",
                                  max_retries=args.max_retries, timeout=args.request_timeout)
 
@@ -252,13 +255,11 @@ class Client:
         from openai import omit
 
         extra = {k: v for k, v in fields.items() if k not in ("prompt", "size")}
-        with warnings.catch_warnings():  # the SDK marks the videos API deprecated (OpenAI's Sora shut-down)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            video = self.sdk.videos.create_and_poll(prompt=fields["prompt"], size=fields["size"], extra_body=extra,
-                                                    poll_interval_ms=self.args.poll_ms or omit)
-            if video.status != "completed":
-                raise JobFailed(f"job {video.id} ended {video.status}: {getattr(video, 'error', None)}")
-            return len(self.sdk.videos.download_content(video.id).read())
+        video = self.sdk.videos.create_and_poll(prompt=fields["prompt"], size=fields["size"], extra_body=extra,
+                                                poll_interval_ms=self.args.poll_ms or omit)
+        if video.status != "completed":
+            raise JobFailed(f"job {video.id} ended {video.status}: {getattr(video, 'error', None)}")
+        return len(self.sdk.videos.download_content(video.id).read())
 
     def _image(self, fields: dict[str, Any]) -> int:
         import base64
@@ -320,11 +321,7 @@ def closed_loop(send: Callable[[dict[str, Any]], int], args: argparse.Namespace,
                 step = 1 if deadline is None else max(0, int(time.monotonic() - t0) - progress.done)
                 progress.advance(step, note=f"{len(records)} done, {bad} errors")
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_all([worker] * args.concurrency)
     return sorted(records, key=lambda r: r["i"]), time.monotonic() - t0
 
 
@@ -333,13 +330,17 @@ def warm_up(send: Callable[[dict[str, Any]], int], args: argparse.Namespace) -> 
     if not args.warmup:
         return []
     out: list[dict[str, Any]] = []
-    threads = [threading.Thread(target=lambda k=k: out.append(timed(send, -1 - k, request_fields(args, 1 + k), 0.0)))
-               for k in range(args.warmup)]
+    run_all([lambda k=k: out.append(timed(send, -1 - k, request_fields(args, 1 + k), 0.0)) for k in range(args.warmup)])
+    return out
+
+
+def run_all(fns: Sequence[Callable[[], None]]) -> None:
+    """Run each function in its own thread, all at once, and wait for all of them."""
+    threads = [threading.Thread(target=fn, daemon=True) for fn in fns]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return out
 
 
 # ---- summary (pure) --------------------------------------------------------------------------------
@@ -505,10 +506,10 @@ def safe_name(label: str) -> str:
 def measure_ceiling(args: argparse.Namespace, model: Path | None) -> tuple[dict[str, Any] | None, str | None]:
     """The bare host's ceiling for two workers (``--ceiling``; Wan only: :mod:`omni_ext.bench.ceiling`
     runs the Wan transformer), or why it is absent."""
-    if not args.ceiling:
-        return None, "not measured: pass --ceiling (video, ~2 min)"
     if args.kind != "video" or model is None:
         return None, "only for video with a local model (ceiling.py runs the Wan transformer loop)"
+    if not args.ceiling:
+        return None, "not measured: pass --ceiling (~2 min)"
     from omni_ext.bench.ceiling import measure
 
     h, w = c.size_hw(args.size)
