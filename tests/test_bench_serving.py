@@ -204,6 +204,18 @@ def test_topologies_suite_is_the_readme_comparison() -> None:
     assert image["replicas2"].deploy["pipeline"] == "omni_ext_qwen_image"
 
 
+def test_started_servers_get_the_deploy_yaml_written_and_the_api_key(tmp_path: Path) -> None:
+    import yaml
+
+    args = parse("serving", "--preset", "wan2.1-t2v-tiny.cpu.x2.throughput", "--api-key", "sk-1")
+    cfg = serving.configurations(args)[0]
+    flags = serving.serve_args(cfg, args, tmp_path)
+    path = Path(flags[flags.index("--deploy-config") + 1])
+    assert path.parent == tmp_path and yaml.safe_load(path.read_text())["stages"][0]["num_replicas"] == 2
+    assert flags[-2:] == ["--api-key", "sk-1"] and cfg.args[1] != str(path)  # the rendered config is left as it was
+    assert serving.safe_name("a b/c") == "a_b_c"
+
+
 def test_profiles_fill_the_kind_defaults_and_the_command_line_wins() -> None:
     args = parse("serving", "--url", "http://h:1")
     serving.prepare(args)
