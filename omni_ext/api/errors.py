@@ -8,8 +8,12 @@ and the body must have this shape, or clients print "None".
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import math
+import sqlite3
+from collections.abc import Iterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +35,7 @@ _TYPES = {
     500: "server_error",
     503: "service_unavailable",
     504: "timeout_error",
+    507: "server_error",
 }
 
 
@@ -116,3 +121,38 @@ def generation_error(exc: BaseException, what: str, request_id: str) -> APIError
         return client
     logger.error("omni-ext: %s %s failed", what.lower(), request_id, exc_info=exc)
     return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"{what} failed: {exc}", code="generation_failed")
+
+
+# ---- storage ------------------------------------------------------------------------------------
+#: errno values meaning "no room left": the data directory's file system (or the user's quota) is full.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class StorageError(APIError):
+    """A write (or read) under the API's data directory (``OMNI_EXT_API_DATA_DIR``: job database and
+    media) failed: 507 ``storage_full`` when the file system has no room left, else 500
+    ``storage_error`` (unwritable, not a directory, I/O error). A job that meets one fails with that
+    code instead of a traceback; the server keeps serving."""
+
+
+def storage_failure(exc: BaseException, what: str) -> StorageError:
+    """``exc`` (an ``OSError`` or ``sqlite3.Error`` raised while ``what``) as a :class:`StorageError`."""
+    full = (isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS) or (
+        isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL)
+    if full:
+        return StorageError(HTTPStatus.INSUFFICIENT_STORAGE, f"The server's storage is full ({what}: {exc}); "
+                            "free space in its data directory and retry.", code="storage_full")
+    return StorageError(HTTPStatus.INTERNAL_SERVER_ERROR, f"The server could not use its storage ({what}: {exc}).",
+                        code="storage_error")
+
+
+@contextlib.contextmanager
+def storage(what: str) -> Iterator[None]:
+    """Run a data-directory operation; an ``OSError``/``sqlite3.Error`` in it becomes a logged
+    :class:`StorageError` (``what`` says which operation, for the log and the client)."""
+    try:
+        yield
+    except (OSError, sqlite3.Error) as exc:
+        err = storage_failure(exc, what)
+        logger.warning("omni-ext: %s failed: %s (%s)", what, exc, err.code)
+        raise err from exc

@@ -10,8 +10,10 @@ away), encoding off the event loop, and OpenAI-style errors.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import random
+import sqlite3
 import time
 import uuid
 from http import HTTPStatus
@@ -22,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
-from omni_ext.api.errors import APIError, bad_request, generation_error
+from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
 from omni_ext.api.forms import (
     check_known, check_model, check_prompt, optional_float, optional_int, parse_body, parse_size, priority_of,
 )
@@ -132,17 +134,27 @@ async def _respond(request: Request, state: ApiState, p: dict[str, Any], images:
         data = [{"b64_json": base64.b64encode(b).decode("ascii"), "revised_prompt": None} for b in encoded]
     else:
         base = str(request.base_url).rstrip("/")
-        for blob in encoded:
-            image_id = f"img_{uuid.uuid4().hex}"
-            name = f"{image_id}.{fmt}"
-            await media.off_loop(media.write_atomic, state.media_path(name), blob)
-            job = Job(id=image_id, kind="image", status="completed", progress=100, model=state.model_name,
-                      prompt=p["prompt"], completed_at=now(), media={"image": name},
-                      meta={"content_type": media.IMAGE_TYPES[fmt]})
-            if state.settings.ttl_s:
-                job.expires_at = job.completed_at + state.settings.ttl_s
-            state.store.add(job)
-            data.append({"url": f"{base}/v1/images/{image_id}/content", "revised_prompt": None})
+        stored: list[Job] = []
+        try:
+            with storage("storing generated images"):
+                for blob in encoded:
+                    image_id = f"img_{uuid.uuid4().hex}"
+                    name = f"{image_id}.{fmt}"
+                    job = Job(id=image_id, kind="image", status="completed", progress=100, model=state.model_name,
+                              prompt=p["prompt"], completed_at=now(), media={"image": name},
+                              meta={"content_type": media.IMAGE_TYPES[fmt]})
+                    if state.settings.ttl_s:
+                        job.expires_at = job.completed_at + state.settings.ttl_s
+                    await media.off_loop(media.write_atomic, state.media_path(name), blob)
+                    stored.append(job)
+                    state.store.add(job)
+                    data.append({"url": f"{base}/v1/images/{image_id}/content", "revised_prompt": None})
+        except StorageError:  # all of the request's images or none: no url the client never got stays behind
+            for job in stored:
+                state.remove_media(job)
+                with contextlib.suppress(sqlite3.Error):
+                    state.store.delete(job.id)
+            raise
     size = f"{images[0].width}x{images[0].height}" if images else None
     return JSONResponse({"created": int(time.time()), "data": data, "output_format": fmt, "size": size})
 

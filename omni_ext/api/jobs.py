@@ -4,11 +4,19 @@ Why SQLite: a restart of ``vllm-omni serve`` must not lose finished jobs (their 
 downloadable) and must not leave queued/running jobs "in progress" forever: at start-up they are
 marked ``failed`` with ``error.code = "server_restarted"``. One small table, WAL mode, one lock:
 each call is a sub-millisecond local write, cheap enough to run on the event loop.
+
+A full (or failing) disk must not leave a job "in progress" forever nor turn a status poll into a
+500: an update the database cannot take (:meth:`JobStore.save`) is kept in memory, shown by
+:meth:`JobStore.get`/:meth:`JobStore.list` in place of the stored row, and written as soon as the
+database takes writes again (tried before every later call). A new job that cannot be stored
+(:meth:`JobStore.add`) raises: the caller refuses it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -17,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 ACTIVE = ("queued", "in_progress")
+
+logger = logging.getLogger("omni_ext.api")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -75,6 +85,7 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._pending: dict[str, Job] = {}  # updates the database did not take yet (a full disk)
 
     # ---- rows <-> jobs -------------------------------------------------------------------
     @staticmethod
@@ -96,26 +107,67 @@ class JobStore:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
+    def _update(self, job: Job) -> None:
+        sets = ", ".join(f"{c} = ?" for c in _COLUMNS[1:])
+        self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", self._row(job)[1:] + (job.id,))
+
+    def _flush(self) -> None:
+        """Write the pending updates (under the lock); those the database still refuses stay pending."""
+        for job_id, job in list(self._pending.items()):
+            try:
+                self._update(job)
+            except sqlite3.Error:
+                return
+            del self._pending[job_id]
+            if not self._pending:
+                logger.info("omni-ext: job store writable again; pending job updates written")
+
+    def _overlay(self, jobs: list[Job]) -> list[Job]:
+        return [copy.deepcopy(self._pending[j.id]) if j.id in self._pending else j for j in jobs]
+
+    @property
+    def pending(self) -> int:
+        """Job updates held in memory because the database did not take them (0 when all are stored)."""
+        return len(self._pending)
+
     # ---- API -----------------------------------------------------------------------------
     def add(self, job: Job) -> Job:
+        """Store a new job; raises ``sqlite3.Error`` if the database cannot take it (nothing is kept)."""
         with self._lock:
+            self._flush()
             self._db.execute(
                 f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", self._row(job)
             )
         return job
 
     def save(self, job: Job) -> Job:
-        sets = ", ".join(f"{c} = ?" for c in _COLUMNS[1:])
+        """Store a job's new state; if the database cannot take it now, it is kept in memory (never raises for that)."""
         with self._lock:
-            self._db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", self._row(job)[1:] + (job.id,))
+            self._flush()
+            if self._pending:  # keep the order of updates: this one waits behind the pending ones
+                self._pending[job.id] = copy.deepcopy(job)
+                return job
+            try:
+                self._update(job)
+            except sqlite3.Error as exc:
+                logger.warning("omni-ext: job store refused the update of %s (%s); kept in memory until it can be "
+                               "written", job.id, exc)
+                self._pending[job.id] = copy.deepcopy(job)
         return job
 
     def get(self, job_id: str) -> Job | None:
-        rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", (job_id,))
-        return self._job(rows[0]) if rows else None
+        with self._lock:
+            if self._pending:
+                self._flush()
+            rows = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", (job_id,)).fetchall()
+            return self._overlay([self._job(rows[0])])[0] if rows else None
 
     def delete(self, job_id: str) -> None:
-        self._query("DELETE FROM jobs WHERE id = ?", (job_id,))
+        """Remove a job; raises ``sqlite3.Error`` if the database cannot take it."""
+        with self._lock:
+            self._flush()
+            self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            self._pending.pop(job_id, None)
 
     def list(self, kind: str, *, after: str | None, limit: int, order: str) -> tuple[list[Job], bool]:
         """A page of jobs after the job ``after`` in creation order (``asc``/``desc``); returns (jobs, has_more)."""
@@ -131,7 +183,9 @@ class JobStore:
             f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE {where} ORDER BY seq {'DESC' if desc else 'ASC'} LIMIT ?",
             (*params, limit + 1),
         )
-        return [self._job(r) for r in rows[:limit]], len(rows) > limit
+        with self._lock:
+            jobs = self._overlay([self._job(r) for r in rows[:limit]])
+        return jobs, len(rows) > limit
 
     def fail_interrupted(self, now: int | None = None) -> list[str]:
         """Mark jobs left queued/running by a previous process as failed; returns their ids."""

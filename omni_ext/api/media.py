@@ -9,6 +9,7 @@ atomically (temp file + rename) so a crash never leaves a half-written video tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -28,10 +29,17 @@ async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file and a rename; a failed write (a full disk)
+    removes its temp file, so it leaves neither a half file nor the space it took."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def encode_image(img: Any, fmt: str = "png", compression: int | None = None) -> bytes:

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from omni_ext.api import media
-from omni_ext.api.errors import APIError, bad_request, not_found
+from omni_ext.api.errors import APIError, bad_request, not_found, storage
 from omni_ext.api.forms import ID_RE
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.layout import server_layout
@@ -85,18 +86,23 @@ class ApiState:
         param = f"{job.kind}_id"
         if not name:
             raise APIError(HTTPStatus.NOT_FOUND, f"{subject} has expired.", param=param, code=f"{job.kind}_expired")
-        try:
-            return await media.off_loop(self.media_path(name).read_bytes)
-        except FileNotFoundError:
-            raise APIError(HTTPStatus.NOT_FOUND, f"{subject} is no longer stored.", param=param,
-                           code=f"{job.kind}_content_missing") from None
+        with storage(f"reading {name}"):  # another OSError (an unreadable media directory): 500 storage_error
+            try:
+                return await media.off_loop(self.media_path(name).read_bytes)
+            except FileNotFoundError:
+                raise APIError(HTTPStatus.NOT_FOUND, f"{subject} is no longer stored.", param=param,
+                               code=f"{job.kind}_content_missing") from None
 
     def remove_media(self, job: Job) -> None:
-        for name in job.media.values():
+        self.remove_files(job.media.values())
+
+    def remove_files(self, names: Iterable[str]) -> None:
+        """Remove media files (missing ones, or a media directory that is not one, are no error)."""
+        for name in names:
             try:
-                self.media_path(name).unlink()
-            except FileNotFoundError:
-                pass
+                self.media_path(name).unlink(missing_ok=True)
+            except OSError as exc:
+                logger.warning("omni-ext: could not remove media file %s: %s", name, exc)
 
     async def sweep_expired(self) -> int:
         expired = self.store.expired()

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response
 
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
-from omni_ext.api.errors import APIError, bad_request, from_pydantic, generation_error
+from omni_ext.api.errors import APIError, StorageError, bad_request, from_pydantic, generation_error, storage
 from omni_ext.api.forms import (
     ID_RE, Body, bounded_int, check_known, check_model, check_prompt, parse_body, parse_size, priority_of,
 )
@@ -216,9 +216,15 @@ async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image
         state.queue.finish(job.id)  # its slot is free; encoding runs here, in the API process
         mp4 = await encode_mp4(handler, vreq, artifacts)
         thumb = await media.off_loop(media.mp4_thumbnail, mp4)
-        await media.off_loop(media.write_atomic, state.media_path(f"{job.id}.mp4"), mp4)
-        await media.off_loop(media.write_atomic, state.media_path(f"{job.id}.webp"), thumb)
-        job.media = {"video": f"{job.id}.mp4", "thumbnail": f"{job.id}.webp"}
+        files = {"video": f"{job.id}.mp4", "thumbnail": f"{job.id}.webp"}
+        try:
+            with storage(f"writing the media of video {job.id}"):
+                await media.off_loop(media.write_atomic, state.media_path(files["video"]), mp4)
+                await media.off_loop(media.write_atomic, state.media_path(files["thumbnail"]), thumb)
+        except StorageError:
+            state.remove_files(files.values())  # a video without its thumbnail is not kept either
+            raise
+        job.media = files
         job.status, job.progress, job.completed_at = "completed", 100, now()
         if state.settings.ttl_s:
             job.expires_at = job.completed_at + state.settings.ttl_s
@@ -233,7 +239,7 @@ async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image
         logger.info("omni-ext video %s completed in %.2f s", job.id, time.monotonic() - started)
     except asyncio.CancelledError:
         raise
-    except BaseException as exc:  # the job fails cleanly; the server keeps serving
+    except BaseException as exc:  # the job fails cleanly (storage_full, generation_failed, ...); the server keeps serving
         error = generation_error(exc, "Video generation", job.id)
         job.status, job.completed_at = "failed", now()
         job.error_code, job.error_message = error.code or "invalid_request", error.message
@@ -323,7 +329,12 @@ async def create_video(request: Request) -> JSONResponse:
         seconds=facts["seconds"], size=f"{facts['width']}x{facts['height']}",
         meta={"num_frames": facts["num_frames"], "fps": facts["fps"], "priority": facts["priority"]},
     )
-    state.store.add(job)
+    try:
+        with storage(f"storing video {job_id}"):
+            state.store.add(job)
+    except StorageError:
+        state.queue.drop(job_id)  # refused after all: its admission must not hold capacity
+        raise
     state.tasks[job.id] = asyncio.create_task(_run_job(state, backend.handler, job, vreq, ref_image))
     logger.info("omni-ext video %s queued (%s, %s frames, %s steps, priority %d, predicted start in %.1f s, %d ahead)",
                 job.id, job.size, facts["num_frames"], facts["steps"], facts["priority"], decision.wait_s,
@@ -418,7 +429,8 @@ async def delete_video(request: Request, video_id: str) -> JSONResponse:
             except (asyncio.CancelledError, asyncio.TimeoutError, Exception):
                 pass
     state.remove_media(job)
-    state.store.delete(video_id)
+    with storage(f"deleting video {video_id}"):
+        state.store.delete(video_id)
     clear_progress(video_id)
     logger.info("omni-ext video %s deleted (was %s)", video_id, job.status)
     return JSONResponse({"id": video_id, "object": "video.deleted", "deleted": True})
