@@ -19,6 +19,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 
 def free_port() -> int:
@@ -57,6 +61,20 @@ class ServeProcess:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        """The ``vllm-omni serve`` process (the API server; the engine and workers are its descendants)."""
+        assert self.proc is not None, "start() first"
+        return self.proc.pid
+
+    def processes(self) -> list["psutil.Process"]:
+        """The server's live process tree: the API process first, then every descendant (engine,
+        workers, helpers), for resource checks (RSS, open files) by whoever runs it."""
+        import psutil
+
+        root = psutil.Process(self.pid)
+        return [root, *root.children(recursive=True)]
 
     def command(self) -> list[str]:
         return [vllm_omni_exe(), "serve", self.model, "--omni", "--host", self.host, "--port", str(self.port), *self.args]

@@ -51,8 +51,35 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
          '{"omni_ext": {"scheduler": {"max_wait_s": 3, "seconds_per_unit": 0.00016}}}'],
         {},
     ),
+    # The failure drills (tests/test_drills.py): client loss, a full or unwritable data directory,
+    # a restart with a full queue. A bound on the predicted wait that admits 20 long requests, and
+    # max_queued 24 so that "full" is a known number of jobs. Its data directory is a tmpfs
+    # (TMPFS_DATA_MB) that the drill fills up; the last drill restarts it.
+    "wan-drill": (
+        "wan2.1-t2v",
+        ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED, "--additional-config",
+         '{"omni_ext": {"scheduler": {"max_wait_s": 600}}}'],
+        {"OMNI_EXT_API_MAX_QUEUED": "24"},
+    ),
 }
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
+# Servers whose API data directory (OMNI_EXT_API_DATA_DIR) is a tmpfs of this many MiB, so that a
+# test can fill it for a real ENOSPC. Mounting needs root with CAP_SYS_ADMIN (this host and CI);
+# where it is refused the directory stays a plain one and ServerPool.tmpfs says so.
+TMPFS_DATA_MB: dict[str, int] = {"wan-drill": 32}
+
+
+def mount_tmpfs(path: Path, size_mb: int) -> str | None:
+    """Mount a tmpfs of ``size_mb`` MiB on ``path``; None on success, else why it was refused."""
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs", str(path)],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if res.returncode == 0 else (res.stderr.strip() or f"mount exited {res.returncode}")
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +100,8 @@ class ServerPool:
         self.errors: dict[str, BaseException] = {}
         self._lock = threading.Lock()
         self._ready: dict[str, threading.Event] = {}
+        #: server name -> its tmpfs data directory (TMPFS_DATA_MB), or the reason it could not be mounted
+        self.tmpfs: dict[str, Path | str] = {}
 
     def _start_all(self) -> None:
         # OMNI_EXT_TEST_SERVERS=a,b starts only those up front (a quicker partial run); any other
@@ -83,11 +112,15 @@ class ServerPool:
 
     def _start(self, name: str) -> None:
         model, args, env = SERVERS[name]
+        data_dir = self.log_dir / f"api-{name}"
+        if name in TMPFS_DATA_MB:
+            refused = mount_tmpfs(data_dir, TMPFS_DATA_MB[name])
+            self.tmpfs[name] = data_dir if refused is None else refused
         proc = ServeProcess(
             model=str(self.models[model]),
             args=args,
             env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(self.log_dir / f"storage-{name}"),
-                 "OMNI_EXT_API_DATA_DIR": str(self.log_dir / f"api-{name}"), **env},
+                 "OMNI_EXT_API_DATA_DIR": str(data_dir), **env},
             log_path=self.log_dir / f"{name}.log",
         )
         self.procs[name] = proc.start()
@@ -136,8 +169,13 @@ class ServerPool:
         return new
 
     def stop(self) -> None:
+        import subprocess
+
         for proc in self.procs.values():
             proc.stop()
+        for mounted in self.tmpfs.values():
+            if isinstance(mounted, Path):
+                subprocess.run(["umount", "-l", str(mounted)], capture_output=True, timeout=30)
 
 
 @pytest.fixture(scope="session")
