@@ -19,6 +19,7 @@ checked under load and measured. RELIABILITY.md lists each drill, its promise an
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import errno
 import http.client
 import json
@@ -437,9 +438,11 @@ def test_storage_full_mid_run_fails_the_job_cleanly_and_loses_nothing(server_poo
         failed_after_s = time.monotonic() - t_full
         assert failed["status"] == "failed" and failed["error"]["code"] == "storage_full", failed
         assert "storage is full" in failed["error"]["message"]
-        # While full: the server answers, finished content is served, a new job fails cleanly.
+        # While full: the server answers, finished content is served, a synchronous video (which
+        # stores nothing) is still generated, and a new async job fails cleanly.
         assert requests.get(server.url + "/health", timeout=30).status_code == 200
         assert content(server, done_id).content == done_mp4
+        sync_while_full_s = timed_sync(server)
         during = create(server, seed=23)
         if during.status_code == 200:  # the database took the new row; its media cannot be written
             during_job = wait_done(server, during.json()["id"])
@@ -457,10 +460,16 @@ def test_storage_full_mid_run_fails_the_job_cleanly_and_loses_nothing(server_poo
     assert content(server, done_id).content == done_mp4  # nothing finished was lost
     again = requests.get(f"{server.url}/v1/videos/{running_id}", timeout=30).json()
     assert again["status"] == "failed" and again["error"]["code"] == "storage_full"
+    # ... and that is what the database holds now (the update it refused while full was written once
+    # it could be), so a restart will not turn it into server_restarted.
+    with contextlib.closing(sqlite3.connect(f"file:{data_dir / 'jobs.sqlite'}?mode=ro", uri=True)) as db:
+        row = db.execute("SELECT status, error_code FROM jobs WHERE id = ?", (running_id,)).fetchone()
+    assert row == ("failed", "storage_full"), row
     leftovers = [p.name for p in (data_dir / "media").iterdir() if p.name.endswith(".tmp") or running_id in p.name]
     assert not leftovers, leftovers  # no half-written files of the failed job
     report("storage_full", tmpfs_mb=os.statvfs(data_dir).f_blocks * os.statvfs(data_dir).f_frsize // 2**20,
-           running_job_failed_after_s=round(failed_after_s, 2), create_while_full=during_answer)
+           running_job_failed_after_s=round(failed_after_s, 2), create_while_full=during_answer,
+           sync_video_while_full_s=round(sync_while_full_s, 2))
 
 
 def test_unwritable_media_directory_fails_jobs_with_storage_error(server_pool) -> None:
@@ -496,11 +505,13 @@ def test_unwritable_media_directory_fails_jobs_with_storage_error(server_pool) -
 QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 40, "negative_prompt": "blurry"}
 
 
-def test_restart_with_a_full_queue_keeps_every_promise(server_pool) -> None:
-    """Fill wan-drill up to ``max_queued`` (24; the next create gets 429), stop it (SIGTERM, as an
-    operator or systemd does) and start it again: every admitted job is completed (and its mp4
-    decodes) or failed ``server_restarted``, none is left queued or running, the finished job from
-    before is intact, and the new process serves."""
+@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
+def test_restart_with_a_full_queue_keeps_every_promise(server_pool, kill: bool) -> None:
+    """Fill wan-drill up to ``max_queued`` (24; the next create gets 429), stop it (SIGTERM to its
+    process group, as an operator or systemd does; or SIGKILL, as the OOM killer or a lost host
+    does) and start it again: every admitted job is completed (and its mp4 decodes) or failed
+    ``server_restarted``, none is left queued or running, the finished job from before is intact,
+    and the new process serves."""
     server = server_pool.get("wan-drill", quiet=True)
     wait_idle(server)
     done_id, done_mp4 = completed_video(server, seed=41)
@@ -509,7 +520,7 @@ def test_restart_with_a_full_queue_keeps_every_promise(server_pool) -> None:
     assert "max_queued" in refused.json()["error"]["message"] and len(ids) == 24, (len(ids), refused.text)
     old = server
     t0 = time.monotonic()
-    server = server_pool.restart("wan-drill")
+    server = server_pool.restart("wan-drill", kill=kill)
     restart_s = time.monotonic() - t0
     listed = {v["id"]: v for v in requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]}
     states = {i: listed[i]["status"] for i in ids}
@@ -521,7 +532,7 @@ def test_restart_with_a_full_queue_keeps_every_promise(server_pool) -> None:
             assert decode_mp4(content(server, i).content) == (9, 64, 64)
     assert listed[done_id]["status"] == "completed" and content(server, done_id).content == done_mp4
     completed_video(server, seed=42)
-    report("restart_full_queue", admitted=len(ids), completed=sum(1 for s in states.values() if s == "completed"),
+    report(f"restart_full_queue[{'sigkill' if kill else 'sigterm'}]", admitted=len(ids), completed=sum(1 for s in states.values() if s == "completed"),
            failed_server_restarted=sum(1 for s in states.values() if s == "failed"),
            restart_s=round(restart_s, 1), old_exit_code=old.proc.returncode)
     assert states and sum(1 for s in states.values() if s == "failed") >= 1  # the restart did interrupt the queue
