@@ -501,8 +501,9 @@ def test_unwritable_media_directory_fails_jobs_with_storage_error(server_pool) -
 
 
 # ---- restart with a full queue -----------------------------------------------------------------------
-# 40 steps at 64x64x9: a queue of 24 takes tens of seconds to drain, so it is still full at the restart.
-QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 40, "negative_prompt": "blurry"}
+# 200 steps at 64x64x9 (over a second each on one rank): none finishes while the 24 are sent (which
+# would free a place and let a 25th in), and the queue is still full at the restart.
+QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 200, "negative_prompt": "blurry"}
 
 
 @pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
