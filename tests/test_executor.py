@@ -208,9 +208,9 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
 def test_request_priority_from_extra_args(raw, expected: int) -> None:
     from types import SimpleNamespace
 
-    from omni_ext.executor.tuned import _priority
+    from omni_ext.scheduler.order import request_priority
 
-    assert _priority("r-1", SimpleNamespace(extra_args={} if raw is None else {"omni_ext_priority": raw})) == expected
+    assert request_priority("r-1", SimpleNamespace(extra_args={} if raw is None else {"omni_ext_priority": raw})) == expected
 
 
 def test_cancelled_head_job_lets_the_jobs_behind_it_start() -> None:

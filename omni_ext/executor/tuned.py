@@ -84,7 +84,7 @@ from omni_ext.executor import ascend, protocol
 from omni_ext.models import families
 from omni_ext.scheduler import cost, placement
 from omni_ext.scheduler.config import omni_ext_section, scheduler_config
-from omni_ext.scheduler.order import PRIORITY_ARG, Ticket, sort_key
+from omni_ext.scheduler.order import Ticket, request_priority, sort_key
 from omni_ext.scheduler.placement import JobMode, JobNeeds
 
 logger = logging.getLogger("omni_ext.executor")
@@ -95,23 +95,6 @@ _READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800
 DUMMY_REQUEST_PREFIX = "dummy_req_id"
 #: The warm-up's priority: it is the only job at start-up, and it stays ahead of anything queued meanwhile.
 WARM_UP_PRIORITY = -(10**6)
-
-
-def _priority(request_id: str, sp: Any) -> int:
-    """A request's priority (lower runs earlier): ``sampling_params.extra_args["omni_ext_priority"]``;
-    0 when absent or not an integer (logged)."""
-    raw = (getattr(sp, "extra_args", None) or {}).get(PRIORITY_ARG)
-    if raw is None:
-        return 0
-    if isinstance(raw, float) and raw.is_integer():
-        raw = int(raw)
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    try:
-        return int(str(raw).strip())
-    except ValueError:
-        logger.warning("omni-ext: request %s has priority %r, not an integer; it runs with priority 0", request_id, raw)
-        return 0
 
 
 @contextlib.contextmanager
@@ -472,7 +455,7 @@ class TunedExecutor(DiffusionExecutor):
             request_id=request_id,
             req=req,
             needs=JobNeeds(mode, families.cost_units(self.model_arch, sp, cfg), arrival=arrival),
-            ticket=Ticket(f"omx-{seq}", WARM_UP_PRIORITY if warm_up else _priority(request_id, sp), arrival=arrival),
+            ticket=Ticket(f"omx-{seq}", WARM_UP_PRIORITY if warm_up else request_priority(request_id, sp), arrival=arrival),
             shape=shape,
             steps=steps,
         )

@@ -268,6 +268,56 @@ PATCHES: tuple[Patch, ...] = (
         apply="omni_ext.patches.gloo_device:apply",
         notes="Also GLOO_SOCKET_IFNAME is honoured as by torch (one shared device per listed interface).",
     ),
+    Patch(
+        name="replica-dispatch",
+        target=(
+            "vllm_omni.engine.stage_pool:StagePool.submit_initial, vllm_omni.engine.stage_pool:StagePool.release_binding, "
+            "vllm_omni.engine.stage_pool:StagePool.abort_requests, vllm_omni.engine.stage_pool:StagePool.evict_replica, "
+            "vllm_omni.engine.stage_pool:StagePool.invalidate_addr, vllm_omni.engine.stage_pool:StagePool.add_client, "
+            "vllm_omni.engine.orchestrator:Orchestrator.run"
+        ),
+        why=(
+            "With several replicas (num_replicas in a deploy YAML, or a multi-machine head with headless replicas) "
+            "vLLM-Omni binds each request on arrival: StagePool round robin in one server, the head's random or "
+            "least-queue-length balancer (a count refreshed every 5 s) across hosts. Neither sees a request's cost, "
+            "and a request bound to a busy replica waits in its FIFO while another replica idles: on a mixed "
+            "81/17-frame burst round robin ends 1.21-1.42x after the makespan bound (RFC #5135: 18-34 % lost on "
+            "GPUs). The head keeps the queue instead and binds a request when a replica has a free slot, in the "
+            "scheduler's order (priority, aging, longest first), to the replica predicted to finish it first "
+            "(omni_ext.scheduler.replicas); vLLM-Omni's binding tables, CFG-companion affinity and replica-loss "
+            "clean-up are kept."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0011-stage-pool-replica-dispatch-policy.diff",
+        test="tests/test_replicas.py::test_stock_round_robin_binds_on_arrival",
+        removal="Register omni-ext's policy through the stage-pool dispatch entry point once upstream has one (diff 0011).",
+        upstream="not yet filed; patches/0011-stage-pool-replica-dispatch-policy.diff proposes a dispatch-policy hook",
+        apply="omni_ext.patches.replica_dispatch:apply",
+        notes="Only diffusion stages with more than one replica slot, or a multi-machine head, are affected.",
+    ),
+    Patch(
+        name="replica-send-nonblocking",
+        target=(
+            "vllm_omni.diffusion.stage_diffusion_client:StageDiffusionClient._connect_transport, "
+            "vllm_omni.diffusion.stage_diffusion_client:StageDiffusionClient.abort_requests_async"
+        ),
+        why=(
+            "The head sends requests to a diffusion replica with a blocking ZMQ PUSH send from the orchestrator's "
+            "event loop. When a headless replica (or its host) dies, the socket has no peer and the next send "
+            "blocks forever: every later request hangs, heartbeat time-outs are never acted on and /health still "
+            "answers 200. Sends no longer block: a message that cannot be queued within 0.5 s raises "
+            "EngineDeadError, which vLLM-Omni and omni-ext's dispatcher handle by failing or re-sending that "
+            "request and leaving the replica out; aborts to such a replica are dropped with a warning."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0012-diffusion-client-nonblocking-send.diff",
+        test="tests/test_replicas.py::test_send_to_a_replica_that_is_gone_blocks_stock_and_raises_patched",
+        removal="Drop once StageDiffusionClient sends without blocking (diff 0012).",
+        upstream="not yet filed; patches/0012-diffusion-client-nonblocking-send.diff is ready to send",
+        apply="omni_ext.patches.replica_send:apply",
+    ),
 )
 
 

@@ -40,6 +40,7 @@ _WAN = "vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline"
 _QWEN_IMAGE = "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline"
 _WAN_VAE = "vllm_omni.diffusion.distributed.autoencoders.autoencoder_kl_wan:DistributedAutoencoderKLWan"
 _WORKER_PROC = "vllm_omni.diffusion.worker.diffusion_worker:WorkerProc"
+_STAGE_POOL = "vllm_omni.engine.stage_pool:StagePool"
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,26 @@ COUPLINGS: tuple[Coupling, ...] = (
         (f"{_WORKER_PROC}._enqueue_result", "method"),
         (f"{_WORKER_PROC}._async_output_done", "attribute"),
         (f"{_WORKER_PROC}._async_output_pending", "attribute"),
+    ),
+    *_used_together(
+        "replica-dispatch binds a queued request through the pool's own tables (so vLLM-Omni's abort routing, "
+        "CFG-companion affinity and replica-loss clean-up see it), finds the serviceable replicas as pick() does, "
+        "sends through the replica's diffusion client, and fails a request it cannot place the way the "
+        "orchestrator fails one for a dead stage.",
+        "omni_ext.patches.replica_dispatch",
+        (f"{_STAGE_POOL}._request_bindings", "attribute"),
+        (f"{_STAGE_POOL}._affinity", "attribute"),
+        (f"{_STAGE_POOL}._addr_to_replica_id", "attribute"),
+        (f"{_STAGE_POOL}._collect_serviceable_replicas", "method"),
+        (f"{_STAGE_POOL}._client_input_addr", "method"),
+        (f"{_STAGE_POOL}._diffusion_client", "method"),
+        ("vllm_omni.engine.orchestrator:Orchestrator._fail_request_dead_stage", "method", ("req_id", "stage_id")),
+    ),
+    Coupling(
+        name="vllm_omni.diffusion.stage_diffusion_client:StageDiffusionClient._request_socket",
+        kind="attribute",
+        why="replica-send-nonblocking wraps the head's request socket to a replica so that its sends cannot block.",
+        used_in="omni_ext.patches.replica_send",
     ),
 )
 

@@ -16,14 +16,36 @@ position and predicted start (and to decide admission).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from omni_ext.scheduler.config import SchedulerConfig
 
 #: Where a request's priority travels from the API process to the executor: the key in vLLM-Omni's
 #: ``sampling_params.extra_args`` (a request's ``extra_params`` are merged there).
 PRIORITY_ARG = "omni_ext_priority"
+
+logger = logging.getLogger("omni_ext.scheduler")
+
+
+def request_priority(request_id: str, sp: Any) -> int:
+    """A request's priority (lower runs earlier): ``sampling_params.extra_args["omni_ext_priority"]``;
+    0 when absent or not an integer (logged). Read where a request is queued: the TunedExecutor
+    inside a replica, and the dispatcher in front of several replicas."""
+    raw = (getattr(sp, "extra_args", None) or {}).get(PRIORITY_ARG)
+    if raw is None:
+        return 0
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        logger.warning("omni-ext: request %s has priority %r, not an integer; it runs with priority 0", request_id, raw)
+        return 0
 
 
 @dataclass
