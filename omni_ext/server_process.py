@@ -57,6 +57,8 @@ class ServeProcess:
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_after_s: float | None = None
+    #: A headless replica (``--headless``, multi-machine mode): no HTTP port, never "healthy".
+    headless: bool = False
 
     @property
     def url(self) -> str:
@@ -77,13 +79,15 @@ class ServeProcess:
         return [root, *root.children(recursive=True)]
 
     def command(self) -> list[str]:
+        if self.headless:
+            return [vllm_omni_exe(), "serve", self.model, "--omni", "--headless", *self.args]
         return [vllm_omni_exe(), "serve", self.model, "--omni", "--host", self.host, "--port", str(self.port), *self.args]
 
     def start(self) -> "ServeProcess":
-        if not self.port:
+        if not self.port and not self.headless:
             self.port = free_port()
         if self.log_path is None:
-            self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"omni-ext-serve-{self.port}.log"
+            self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"omni-ext-serve-{self.port or os.getpid()}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **self.env}
         log = open(self.log_path, "wb")
@@ -145,6 +149,114 @@ class ServeProcess:
             self.proc.wait(timeout=10)
 
     def __enter__(self) -> "ServeProcess":
+        return self.start().wait_ready()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+#: What the head logs when a headless replica has joined and can be sent work.
+ATTACHED_LINE = "attached remote replica"
+
+
+@dataclass
+class MultiHostServer:
+    """vLLM-Omni's multi-machine mode on loopback: a head (``--stage-id 0``, the HTTP endpoint, with its
+    own local replica) and ``replicas`` headless replicas (``--headless``), as on separate hosts.
+
+    ``args``/``env`` go to every process; ``head_args``/``head_env`` to the head only. Ready when the head
+    answers ``/health`` and has attached every headless replica. The same commands run across hosts
+    with a routable ``--omni-master-address`` (``omni-ext presets render NAME --role head|replica``).
+    """
+
+    model: str
+    replicas: int = 1
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    head_args: list[str] = field(default_factory=list)
+    head_env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+    master_port: int = 0
+    head: ServeProcess | None = None
+    headless: list[ServeProcess] = field(default_factory=list)
+    restarts: int = 0
+
+    def master_args(self) -> list[str]:
+        return ["--stage-id", "0", "--omni-master-address", "127.0.0.1", "--omni-master-port", str(self.master_port)]
+
+    def _replica(self, index: int) -> ServeProcess:
+        name = f"replica{index}" + (f"-restart{self.restarts}" if self.restarts else "")
+        return ServeProcess(model=self.model, args=[*self.args, *self.master_args(), "--worker-backend", "multi_process"],
+                            env=self.env, headless=True,
+                            log_path=(self.log_dir / f"{name}.log") if self.log_dir else None)
+
+    def start(self) -> "MultiHostServer":
+        self.master_port = self.master_port or free_port()
+        self.head = ServeProcess(model=self.model, args=[*self.args, *self.master_args(), *self.head_args],
+                                 env={**self.env, **self.head_env},
+                                 log_path=(self.log_dir / "head.log") if self.log_dir else None).start()
+        self.headless = [self._replica(i).start() for i in range(self.replicas)]
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self.head is not None, "start() first"
+        return self.head.url
+
+    def attached(self) -> int:
+        """Headless replicas the head has attached so far (rejoins count again)."""
+        return self.head.log_text().count(ATTACHED_LINE) if self.head is not None else 0
+
+    def wait_attached(self, count: int, timeout: float, watch: list[ServeProcess] | None = None) -> None:
+        """Until the head has attached ``count`` replicas; fails early when the head or a process of
+        ``watch`` (default: every headless replica) exits meanwhile."""
+        deadline = time.monotonic() + timeout
+        while self.attached() < count:
+            for p in [self.head, *(self.headless if watch is None else watch)]:
+                if p is not None and p.proc is not None and p.proc.poll() is not None:
+                    raise ServerStartError(f"{p.log_path}: exited with {p.proc.returncode} during start-up:\n{p.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"head attached {self.attached()} of {count} replica(s) after {timeout:.0f} s; "
+                                       f"log {self.head.log_path if self.head else '?'}")
+            time.sleep(0.5)
+
+    def replica_id(self, index: int) -> int | None:
+        """The replica id the head gave headless replica ``index`` (from its own log), once registered."""
+        import re
+
+        found = re.findall(r"Stage 0 replica (\d+) registered", self.headless[index].log_text())
+        return int(found[-1]) if found else None
+
+    def live(self) -> list[ServeProcess]:
+        return [p for p in self.headless if p.proc is not None and p.proc.poll() is None]
+
+    def wait_ready(self, timeout: float = 600.0) -> "MultiHostServer":
+        assert self.head is not None, "start() first"
+        t0 = time.monotonic()
+        self.head.wait_ready(timeout)
+        self.wait_attached(self.replicas, max(10.0, timeout - (time.monotonic() - t0)))
+        return self
+
+    def kill_replica(self, index: int) -> None:
+        """SIGKILL a headless replica's whole process group (its host going away)."""
+        proc = self.headless[index].proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+    def restart_replica(self, index: int, timeout: float = 300.0) -> None:
+        """Start replica ``index`` again and wait until the head has attached it."""
+        before = self.attached()
+        self.restarts += 1
+        self.headless[index] = self._replica(index).start()
+        self.wait_attached(before + 1, timeout, watch=[self.headless[index]])
+
+    def stop(self) -> None:
+        for p in [*self.headless, self.head]:
+            if p is not None:
+                p.stop()
+
+    def __enter__(self) -> "MultiHostServer":
         return self.start().wait_ready()
 
     def __exit__(self, *exc: object) -> None:

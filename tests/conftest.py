@@ -52,15 +52,28 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
         {},
     ),
     # The failure drills (tests/test_drills.py): client loss, a full or unwritable data directory,
-    # a restart with a full queue. A bound on the predicted wait that admits 20 long requests, and
-    # max_queued 24 so that "full" is a known number of jobs. Its data directory is a tmpfs
-    # (TMPFS_DATA_MB) that the drill fills up; the last drill restarts it.
+    # a restart with a full queue. One TunedExecutor worker (one slot; a second worker would add
+    # ~0.6 GB PSS next to all the other servers) on one thread (with two, the worker's parallel
+    # regions wait on a thread that a busy host has descheduled: 9x slower in a test run), a bound
+    # on the predicted wait that admits 20 long requests, and max_queued 24 so that "full" is a
+    # known number of jobs. Its data directory is a tmpfs (TMPFS_DATA_MB) that the drill fills up;
+    # the last drills restart it.
     "wan-drill": (
         "wan2.1-t2v",
-        ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED, "--additional-config",
+        ["--distributed-executor-backend", TUNED, "--additional-config",
          '{"omni_ext": {"scheduler": {"max_wait_s": 600}}}'],
-        {"OMNI_EXT_API_MAX_QUEUED": "24"},
+        {"OMNI_EXT_API_MAX_QUEUED": "24", "OMP_NUM_THREADS": "1"},
     ),
+    # Two vLLM-Omni replicas in one server (deploy YAML num_replicas: 2), each a TunedExecutor of
+    # one worker; omni-ext's dispatch binds requests to them (tests/test_replicas.py; its last test
+    # kills one replica).
+    "wan-rep2": ("wan2.1-t2v", ["--deploy-config", "DEPLOY:wan-rep2"], {}),
+}
+# Deploy YAMLs of SERVERS, written next to the server logs; an argument "DEPLOY:name" names one.
+DEPLOYS: dict[str, dict] = {
+    "wan-rep2": {"async_chunk": False, "stages": [{
+        "stage_id": 0, "num_replicas": 2, "devices": "0,1", "distributed_executor_backend": TUNED,
+        "flow_shift": 5.0, "boundary_ratio": 0.875}]},
 }
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 # Servers whose API data directory (OMNI_EXT_API_DATA_DIR) is a tmpfs of this many MiB, so that a
@@ -112,6 +125,7 @@ class ServerPool:
 
     def _start(self, name: str) -> None:
         model, args, env = SERVERS[name]
+        args = [self._deploy_path(a[len("DEPLOY:"):]) if a.startswith("DEPLOY:") else a for a in args]
         data_dir = self.log_dir / f"api-{name}"
         if name in TMPFS_DATA_MB:
             refused = mount_tmpfs(data_dir, TMPFS_DATA_MB[name])
@@ -126,6 +140,13 @@ class ServerPool:
         self.procs[name] = proc.start()
         self._ready[name] = threading.Event()
         threading.Thread(target=self._wait, args=(name,), daemon=True).start()
+
+    def _deploy_path(self, name: str) -> str:
+        import yaml
+
+        path = self.log_dir / f"deploy-{name}.yaml"
+        path.write_text(yaml.safe_dump(DEPLOYS[name], sort_keys=False))
+        return str(path)
 
     def _wait(self, name: str) -> None:
         try:

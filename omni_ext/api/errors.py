@@ -114,11 +114,29 @@ def client_error(exc: BaseException) -> APIError | None:
     return None
 
 
+#: What vLLM-Omni (and omni-ext's dispatcher) say when the replica running a request is gone: a
+#: headless replica that stopped heartbeating, a dead local replica process, no live replica left.
+REPLICA_LOST_MARKERS = ("stage replica disappeared", "has no live replica", "EngineCore encountered an issue",
+                        "StageDiffusionProc died", "diffusion subprocess is dead", "no connected replica")
+
+
+def replica_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` means the replica that ran (or was to run) the request is gone."""
+    text = f"{exc} {getattr(exc, 'args', '')}"
+    return any(marker in text for marker in REPLICA_LOST_MARKERS)
+
+
 def generation_error(exc: BaseException, what: str, request_id: str) -> APIError:
-    """Why a generation failed, for the client: its own mistake (4xx), or a logged 500 ``generation_failed``."""
+    """Why a generation failed, for the client: its own mistake (4xx), 503 ``replica_lost`` when the
+    replica running it died (the request may be sent again; the server keeps serving on the others),
+    or a logged 500 ``generation_failed``."""
     client = client_error(exc)
     if client is not None:
         return client
+    if replica_lost(exc):
+        logger.error("omni-ext: %s %s lost with its replica: %s", what.lower(), request_id, exc)
+        return APIError(HTTPStatus.SERVICE_UNAVAILABLE, f"{what} failed: the replica running it is gone ({exc}); "
+                        "send the request again.", code="replica_lost")
     logger.error("omni-ext: %s %s failed", what.lower(), request_id, exc_info=exc)
     return APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"{what} failed: {exc}", code="generation_failed")
 

@@ -39,16 +39,19 @@ class ServerLayout:
         name = getattr(self.executor, "__name__", None) or str(self.executor or "")
         return name.endswith(TUNED_EXECUTOR)
 
-    def slots(self, cfg_mode: str, pipeline: str | None) -> int:
-        """Jobs that run at once. vLLM-Omni's executor runs one request at a time per replica. The
+    def replica_slots(self, cfg_mode: str, pipeline: str | None) -> int:
+        """Jobs one replica runs at once. vLLM-Omni's executor runs one request at a time. The
         TunedExecutor runs one per rank where a request can use part of a CFG group (a model with
         omni-ext's tuned pipeline, ``cfg_mode`` "adaptive" or "single"), else one per CFG group."""
         if not self.tuned:
-            return self.replicas
+            return 1
         family = families.family_of(pipeline)
         splits_groups = family is not None and family.splits_cfg_groups
-        per_replica = self.dp * self.cfg if splits_groups and cfg_mode != "pair" else self.dp
-        return self.replicas * per_replica
+        return self.dp * self.cfg if splits_groups and cfg_mode != "pair" else self.dp
+
+    def slots(self, cfg_mode: str, pipeline: str | None) -> int:
+        """Jobs the server's replicas (as configured at start-up) run at once."""
+        return self.replicas * self.replica_slots(cfg_mode, pipeline)
 
 
 def _int(value: Any, default: int = 1) -> int:

@@ -21,6 +21,7 @@ and the registration it allows cannot interleave with another request's.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections import Counter
@@ -32,11 +33,14 @@ from typing import Any
 from omni_ext.api import metrics
 from omni_ext.api.errors import APIError, too_busy
 from omni_ext.models import families
+from omni_ext.patches import replica_dispatch
 from omni_ext.progress import StepProgress, read_progress
 from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel, remaining_s, request_shape
 from omni_ext.scheduler.order import PRIORITY_ARG, Ticket
+
+logger = logging.getLogger("omni_ext.api")
 
 @dataclass(frozen=True)
 class JobShape:
@@ -119,6 +123,8 @@ class RequestQueue:
         self, config: SchedulerConfig | None = None, slots: int = 1, *, tuned: bool = False, model: str = "",
         max_jobs: int | None = None, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
         progress: Callable[[str], StepProgress | None] = read_progress,
+        live_slots: Callable[[], int | None] = replica_dispatch.capacity,
+        bound_since: Callable[[str], float | None] = replica_dispatch.bound_since,
     ) -> None:
         config = config or SchedulerConfig()
         self.config = config if tuned else dataclasses.replace(config, order="fifo", aging_s=0.0)
@@ -129,6 +135,7 @@ class RequestQueue:
         self.admission = Admission(self.config, max(1, slots))
         self.jobs: dict[str, Tracked] = {}
         self.clock, self.wall, self.progress = clock, wall, progress
+        self.live_slots, self.bound_since = live_slots, bound_since
         metrics.track(self)
 
     @property
@@ -139,6 +146,7 @@ class RequestQueue:
     def admit(self, job_id: str, priority: int, shape: JobShape) -> Decision:
         """Admit a new job or raise 429 ``queue_full`` (with Retry-After) before it exists."""
         ticket = self._price(Ticket(job_id, priority if self.tuned else 0, self.clock()), shape)
+        self._follow_replicas()
         running, queued = self._snapshot()
         if self.max_jobs is not None and len(self.jobs) >= self.max_jobs:
             retry = max(MIN_RETRY_S, min(running, default=MIN_RETRY_S))
@@ -196,6 +204,7 @@ class RequestQueue:
 
     def views(self) -> dict[str, QueueView]:
         """Every queued job's position and predicted start."""
+        self._follow_replicas()
         running, queued = self._snapshot()
         known = self.cost.rate() is not None
         return {job_id: QueueView(est.position, est.start_in_s if known else None)
@@ -232,6 +241,20 @@ class RequestQueue:
             tracked.step = step
             if tracked.started_wall is None:
                 tracked.started_wall = step.t_start
+        if tracked.started_wall is None:
+            # In front of several replicas the head binds a job when it starts on one; a remote
+            # replica's progress files are on its own host, so the binding is what is known here.
+            tracked.started_wall = self.bound_since(tracked.ticket.id)
+
+    def _follow_replicas(self) -> None:
+        """Admission counts the slots of every live replica: replicas join and leave at run time on a
+        multi-machine head (and one can die in one server). Promises made on another capacity are void."""
+        live = self.live_slots()
+        if live is not None and live > 0 and live != self.admission.capacity:
+            change = "joined" if live > self.admission.capacity else "left"
+            self.admission.capacity = live
+            self.admission.forget_promises()
+            logger.info("omni-ext scheduler (API): a replica %s; admission now counts %d slot(s)", change, live)
 
     def _snapshot(self) -> tuple[list[float], list[Ticket]]:
         """(predicted seconds left of each running job, the queued tickets), with every prediction

@@ -27,6 +27,7 @@ from omni_ext.api.layout import server_layout
 from omni_ext.api.queue import RequestQueue
 from omni_ext.api.settings import ApiSettings, load_settings
 from omni_ext.api.validation import ModelLimits, limits_for_model
+from omni_ext.patches import replica_dispatch
 from omni_ext.scheduler.config import scheduler_config
 
 if TYPE_CHECKING:
@@ -187,6 +188,7 @@ def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: st
         config = scheduler_config(layout.additional_config)
     except ValueError as exc:
         raise ValueError(f"omni-ext: invalid --additional-config: {exc}") from None
+    replica_dispatch.configure(layout.replica_slots(config.cfg_mode, limits.pipeline), limits.pipeline, config)
     queue = RequestQueue(config, layout.slots(config.cfg_mode, limits.pipeline), tuned=layout.tuned, model=model_name,
                          max_jobs=max_jobs)
     logger.info("omni-ext scheduler (API): %d slot(s) (%s executor), max_wait_s=%g, seed %s s/unit%s", queue.slots,

@@ -1,0 +1,379 @@
+"""Scale-out on vLLM-Omni's own replicas: late, cost-aware binding at the head (``replica-dispatch``),
+no hang when a remote replica dies (``replica-send-nonblocking``), admission over the live replicas.
+
+- vLLM-Omni's real ``StagePool`` with recording replica clients: stock binds every request on
+  arrival, round robin; with the patch only as many as there are free slots, longest first, the next
+  when one finishes, an aborted queued request never, a failed send once more elsewhere.
+- A real ZMQ PUSH socket with no peer: the stock blocking send hangs; the patched one raises.
+- Real servers: two replicas in one server (``wan-rep2``, deploy YAML ``num_replicas: 2``), and the
+  multi-machine mode on loopback (a head with its own replica and two headless replicas, Wan; a head
+  and one headless replica, Qwen-Image), driven with the official ``openai`` SDK: every replica gets
+  work, killing a replica mid-burst fails only its job (``replica_lost``) while the others finish,
+  ``/health`` stays 200, the head's admission follows the live replicas, a restarted headless
+  replica rejoins and gets work again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from tests.media import decode_mp4, decode_png
+
+TUNED = "omni_ext.executor.TunedExecutor"
+DISPATCH = re.compile(r"omni-ext dispatch: (\S+) -> stage-0 replica (\d+)")
+HEARTBEAT_S = 6.0
+
+
+# ---- the real StagePool with recording clients ---------------------------------------------------------
+class Client:
+    """Stands in for a replica's ``StageDiffusionClient``: records what the pool sends it."""
+
+    stage_type = "diffusion"
+    final_output = True
+
+    def __init__(self, index: int) -> None:
+        self.request_address = f"tcp://127.0.0.1:{40000 + index}"
+        self.sent: list[str] = []
+        self.aborted: list[str] = []
+        self.dead = False
+
+    async def add_request_async(self, request_id, prompt, params, **kwargs) -> None:
+        if self.dead:
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            raise EngineDeadError()
+        self.sent.append(request_id)
+
+    async def abort_requests_async(self, request_ids) -> None:
+        self.aborted.extend(request_ids)
+
+
+def request_state(frames: int):
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    sp = OmniDiffusionSamplingParams(height=64, width=64, num_frames=frames, num_inference_steps=20, guidance_scale=4.0)
+    return SimpleNamespace(sampling_params_list=[sp])
+
+
+@pytest.fixture
+def pool_and_clients() -> Iterator[tuple]:
+    pytest.importorskip("vllm_omni")
+    from omni_ext.patches import replica_dispatch
+    from omni_ext.scheduler.config import SchedulerConfig
+    from vllm_omni.engine.stage_pool import StagePool
+
+    replica_dispatch.apply()
+    saved = (replica_dispatch.SETTINGS.slots_per_replica, replica_dispatch.SETTINGS.pipeline, replica_dispatch.SETTINGS.config)
+    replica_dispatch.configure(1, "WanPipeline", SchedulerConfig(settle_s=0.05))
+    clients = [Client(0), Client(1)]
+    yield StagePool(0, list(clients)), clients
+    replica_dispatch.configure(*saved)
+
+
+def submit_burst(pool, frames: list[int], submit=None) -> None:
+    submit = submit or type(pool).submit_initial
+    for i, f in enumerate(frames):
+        asyncio.get_event_loop().run_until_complete(submit(pool, f"r{i}-{f}", request_state(f), {"prompt": "fox"}))
+
+
+def test_stock_round_robin_binds_on_arrival(pool_and_clients) -> None:
+    """The bug: vLLM-Omni binds every request at once, in turn, whatever it costs."""
+    from vllm_omni.engine.stage_pool import StagePool
+
+    pool, (c0, c1) = pool_and_clients
+    stock = StagePool.submit_initial.__wrapped__
+    submit_burst(pool, [81, 17, 81, 17, 81, 17], submit=stock)
+    assert c0.sent == ["r0-81", "r2-81", "r4-81"] and c1.sent == ["r1-17", "r3-17", "r5-17"]
+
+
+def test_dispatch_binds_when_a_slot_frees_longest_first(pool_and_clients) -> None:
+    pool, (c0, c1) = pool_and_clients
+
+    async def scenario() -> None:
+        for i, f in enumerate([17, 81, 17, 81, 17, 81]):
+            await pool.submit_initial(f"r{i}-{f}", request_state(f), {"prompt": "fox"})
+        assert c0.sent == c1.sent == []  # an idle pool lets the burst arrive whole (settle_s)
+        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # the send tasks
+        assert sorted(c0.sent + c1.sent) == ["r1-81", "r3-81"]  # one per replica, the longest first
+        await pool.abort_requests(["r4-17"])  # queued: leaves the queue, never sent
+        pool.release_binding("r4-17")
+        first = c0.sent[0]
+        pool.release_binding(first)  # replica 0's job finished: its slot takes the next longest
+        await asyncio.sleep(0.01)
+        assert c0.sent == [first, "r5-81"] and len(c1.sent) == 1
+        assert pool.get_bound_replica_id("r5-81") == 0  # vLLM-Omni's own binding table, for aborts
+        pool.release_binding(c1.sent[0])
+        await asyncio.sleep(0.01)
+        assert len(c1.sent) == 2 and c1.sent[1] in ("r0-17", "r2-17")
+
+    asyncio.get_event_loop().run_until_complete(scenario())
+
+
+def test_a_failed_send_goes_once_to_another_replica(pool_and_clients) -> None:
+    pool, (c0, c1) = pool_and_clients
+    c0.dead = True
+
+    async def scenario() -> None:
+        await pool.submit_initial("r0-81", request_state(81), {"prompt": "fox"})
+        await asyncio.sleep(0.1)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert c1.sent == ["r0-81"] and pool.get_bound_replica_id("r0-81") == 1
+
+    asyncio.get_event_loop().run_until_complete(scenario())
+
+
+# ---- the blocking send ---------------------------------------------------------------------------------
+def test_send_to_a_replica_that_is_gone_blocks_stock_and_raises_patched() -> None:
+    zmq = pytest.importorskip("zmq")
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from omni_ext.patches.replica_send import SEND_WAIT_MS, NonBlockingSocket, _unreachable_error
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        done = threading.Event()
+        threading.Thread(target=lambda: (push.send(b"stock"), done.set()), daemon=True).start()
+        assert not done.wait(1.5), "a blocking PUSH send with no peer should wait (the stock hang)"
+        pull = ctx.socket(zmq.PULL)
+        pull.connect(f"tcp://127.0.0.1:{port}")  # a peer appears: the stuck send goes through
+        assert done.wait(5) and pull.recv() == b"stock"
+        pull.close(linger=0)
+        time.sleep(0.5)  # ZMQ notices the peer is gone
+        sock = NonBlockingSocket(push, "replica 1 (test)", _unreachable_error())
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="no connected replica"):
+            sock.send(b"patched")
+        assert time.monotonic() - t0 < SEND_WAIT_MS / 1000 + 1.0
+        pull = ctx.socket(zmq.PULL)
+        pull.connect(f"tcp://127.0.0.1:{port}")
+        time.sleep(0.3)
+        sock.send(b"ok")  # with a peer it sends as before
+        assert pull.recv() == b"ok"
+        pull.close(linger=0)
+    finally:
+        push.close(linger=0)
+        ctx.term()
+
+
+# ---- real servers ----------------------------------------------------------------------------------------
+def post_video(url: str, frames: int, steps: int, seed: int) -> str:
+    form = {"prompt": "a red fox running through fresh snow", "negative_prompt": "blurry", "size": "64x64",
+            "num_frames": str(frames), "num_inference_steps": str(steps), "guidance_scale": "4.0", "seed": str(seed),
+            "fps": "8"}
+    resp = requests.post(url + "/v1/videos", files={k: (None, v) for k, v in form.items()}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["id"]
+
+
+def wait_jobs(url: str, ids: list[str], timeout: float = 240.0) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    while len(out) < len(ids) and time.monotonic() < deadline:
+        for vid in ids:
+            if vid not in out:
+                body = requests.get(f"{url}/v1/videos/{vid}", timeout=30).json()
+                if body["status"] in ("completed", "failed"):
+                    out[vid] = {**body, "_t": time.monotonic()}
+        time.sleep(0.2)
+    assert len(out) == len(ids), f"jobs not finished after {timeout:.0f} s: {set(ids) - set(out)}"
+    return out
+
+
+def dispatches(log: str) -> list[tuple[str, int]]:
+    return [(m.group(1), int(m.group(2))) for m in DISPATCH.finditer(log)]
+
+
+def bound_jobs(log: str, job_ids: list[str]) -> dict[str, int]:
+    """Which of ``job_ids`` the head has bound so far, and to which replica (the latest binding)."""
+    out = {}
+    for rid, r in dispatches(log):
+        for j in job_ids:
+            if rid.startswith(j + "-"):
+                out[j] = r
+    return out
+
+
+def replica_of(log: str, job_id: str) -> int:
+    return next(r for rid, r in dispatches(log) if rid.startswith(job_id + "-"))
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def sdk(url: str):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.mark.server
+def test_two_replicas_in_one_server_share_a_burst(server_pool) -> None:
+    server = server_pool.get("wan-rep2")
+    before = len(dispatches(server.log_text()))
+    client = sdk(server.url)
+    extra = {"num_inference_steps": 8, "negative_prompt": "blurry", "fps": 8}
+    jobs = [client.videos.create(prompt=f"a fox {i}", size="64x64", seconds="1",
+                                 extra_body={**extra, "num_frames": f, "seed": i}) for i, f in enumerate([33, 9, 33, 9])]
+    ends = wait_jobs(server.url, [j.id for j in jobs])
+    assert all(e["status"] == "completed" for e in ends.values()), ends
+    for j in jobs[:2]:
+        assert decode_mp4(client.videos.download_content(j.id).read())[1:] == (64, 64)
+    sent = dispatches(server.log_text())[before:]
+    assert {r for _, r in sent} == {0, 1}, sent  # every replica got work
+
+
+@pytest.mark.server
+def test_two_replicas_admission_counts_both(server_pool) -> None:
+    server = server_pool.get("wan-rep2")
+    assert "omni-ext scheduler (API): 2 slot(s)" in server.log_text()
+
+
+@pytest.mark.server
+def test_a_dead_replica_fails_only_its_job_and_the_server_keeps_serving(server_pool) -> None:
+    """Last test on wan-rep2: SIGKILL one replica process while both run a long job."""
+    import psutil
+
+    server = server_pool.get("wan-rep2")
+    ids = [post_video(server.url, 33, 8, i) for i in range(3)]  # ~15 s each in bfloat16
+    wait_until(lambda: len(bound_jobs(server.log_text(), ids)) >= 2, 60, "two jobs bound")
+    log = server.log_text()
+    victim_replica = replica_of(log, ids[0])  # replicas 0 and 1 were started in that order
+    pids = [int(p) for p in re.findall(r"loaded in StageDiffusionProc \(pid (\d+)", log)]
+    procs = sorted((psutil.Process(p) for p in pids if psutil.pid_exists(p)), key=lambda p: p.create_time())
+    assert len(procs) == 2, pids
+    victim = procs[victim_replica]
+    for p in [*victim.children(recursive=True), victim]:
+        p.kill()
+    ends = wait_jobs(server.url, ids, timeout=180)
+    lost = ends[ids[0]]
+    assert lost["status"] == "failed" and lost["error"]["code"] == "replica_lost", lost
+    assert all(ends[i]["status"] == "completed" for i in ids[1:]), ends
+    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+    after = wait_jobs(server.url, [post_video(server.url, 9, 2, 99)], timeout=120)
+    assert next(iter(after.values()))["status"] == "completed"
+
+
+# ---- multi-machine mode on loopback --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def multihost(tiny_models, tmp_path_factory) -> Iterator:
+    import os
+
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1")
+    from omni_ext.server_process import MultiHostServer
+
+    tmp = tmp_path_factory.mktemp("multihost")
+    mh = MultiHostServer(str(tiny_models["wan2.1-t2v"]), replicas=2,
+                         args=["--dtype", "float32", "--enforce-eager", "--distributed-executor-backend", TUNED],
+                         env={"OMP_NUM_THREADS": "1"}, head_args=["--omni-heartbeat-timeout", str(HEARTBEAT_S)],
+                         head_env={"OMNI_EXT_API_DATA_DIR": str(tmp / "api"),
+                                   "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp / "storage")}, log_dir=tmp)
+    try:
+        yield mh.start().wait_ready(600)
+    finally:
+        mh.stop()
+
+
+@pytest.mark.server
+def test_multihost_burst_reaches_every_replica(multihost) -> None:
+    client = sdk(multihost.url)
+    before = len(dispatches(multihost.head.log_text()))
+    extra = {"num_inference_steps": 8, "negative_prompt": "blurry", "fps": 8}
+    jobs = [client.videos.create(prompt=f"a fox {i}", size="64x64", seconds="1",
+                                 extra_body={**extra, "num_frames": f, "seed": i})
+            for i, f in enumerate([33, 9, 33, 9, 33, 9])]
+    ends = wait_jobs(multihost.url, [j.id for j in jobs])
+    assert all(e["status"] == "completed" for e in ends.values()), ends
+    assert decode_mp4(client.videos.download_content(jobs[0].id).read()) == (33, 64, 64)
+    assert {r for _, r in dispatches(multihost.head.log_text())[before:]} == {0, 1, 2}
+    assert "omni-ext scheduler (API): a replica joined; admission now counts 3 slot(s)" in multihost.head.log_text()
+
+
+@pytest.mark.server
+def test_multihost_replica_loss_fails_only_its_job_then_it_rejoins(multihost) -> None:
+    url = multihost.url
+    ids = [post_video(url, 33, 200, 10 + i) for i in range(3)]  # long jobs: one per replica
+    wait_until(lambda: len(bound_jobs(multihost.head.log_text(), ids)) >= 3, 60, "three jobs bound")
+    log = multihost.head.log_text()
+    on = {i: replica_of(log, i) for i in ids}
+    victim_index = 0
+    dead = multihost.replica_id(victim_index)
+    victim_job = next(i for i, r in on.items() if r == dead)  # the job running on that headless replica
+    healthy = []
+    stop = threading.Event()
+
+    def watch_health() -> None:
+        while not stop.is_set():
+            healthy.append(requests.get(url + "/health", timeout=10).status_code)
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch_health, daemon=True)
+    watcher.start()
+    killed_at = time.monotonic()
+    multihost.kill_replica(victim_index)
+    more = [post_video(url, 9, 4, 20 + i) for i in range(3)]  # new work while the loss is detected
+    ends = wait_jobs(url, ids + more, timeout=240)
+    stop.set()
+    watcher.join(timeout=15)
+    lost = ends[victim_job]
+    assert lost["status"] == "failed" and lost["error"]["code"] == "replica_lost", lost
+    assert lost["_t"] - killed_at <= HEARTBEAT_S + 20, "lost job not failed within the heartbeat timeout"
+    assert all(ends[i]["status"] == "completed" for i in ids + more if i != victim_job), ends
+    assert set(healthy) == {200}, healthy
+    head_log = multihost.head.log_text()
+    assert all(r != dead for rid, r in dispatches(head_log) if any(rid.startswith(i + "-") for i in more))
+    assert "admission now counts 2 slot(s)" in head_log
+    # The replica's host comes back: it registers again and gets work.
+    multihost.restart_replica(victim_index, timeout=300)
+    before = len(dispatches(multihost.head.log_text()))
+    ids = [post_video(url, 33, 8, 40 + i) for i in range(6)]
+    ends = wait_jobs(url, ids)
+    assert all(e["status"] == "completed" for e in ends.values()), ends
+    replicas = {r for _, r in dispatches(multihost.head.log_text())[before:]}
+    rejoined = multihost.replica_id(victim_index)
+    assert len(replicas) == 3 and rejoined in replicas, (replicas, rejoined)
+    assert "admission now counts 3 slot(s)" in multihost.head.log_text().split("attached remote replica")[-1]
+
+
+@pytest.mark.server
+def test_multihost_images_through_the_head(tiny_models, tmp_path: Path) -> None:
+    import os
+
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1")
+    from omni_ext.server_process import MultiHostServer
+
+    mh = MultiHostServer(str(tiny_models["qwen-image"]), replicas=1,
+                         args=["--enforce-eager", "--distributed-executor-backend", TUNED], env={"OMP_NUM_THREADS": "1"},
+                         head_env={"OMNI_EXT_API_DATA_DIR": str(tmp_path / "api"),
+                                   "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp_path / "storage")}, log_dir=tmp_path)
+    with mh:
+        client = sdk(mh.url)
+
+        def one(i: int) -> bytes:
+            out = client.images.generate(prompt=f"a lighthouse {i}", size="64x64",
+                                         extra_body={"num_inference_steps": 4, "seed": i})
+            return base64.b64decode(out.data[0].b64_json)
+
+        with ThreadPoolExecutor(4) as ex:
+            pngs = list(ex.map(one, range(4)))
+        assert all(decode_png(p).shape[:2] == (64, 64) for p in pngs)
+        assert {r for _, r in dispatches(mh.head.log_text())} == {0, 1}
