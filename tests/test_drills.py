@@ -6,7 +6,7 @@ checked under load and measured. RELIABILITY.md lists each drill, its promise an
   concurrent openai-SDK clients with ``max_retries``. Every request ends in a video or a 429, every
   accepted job completes with a decodable mp4, and afterwards the server's processes are back to
   their idle memory and file descriptors: load leaks nothing.
-- **Client loss** (``wan-drill``): 20 ``/v1/videos/sync`` clients go away mid-generation; their
+- **Client loss** (``wan-drill``: TunedExecutor, one worker): 20 ``/v1/videos/sync`` clients go away mid-generation; their
   work is cancelled and the next request runs at once, not after 20 abandoned jobs.
 - **Storage full / unwritable** (``wan-drill``, whose data directory is a 32 MiB tmpfs): the job
   that meets the fault fails with ``storage_full`` / ``storage_error``, the server keeps serving,
@@ -224,7 +224,7 @@ def test_load_200_requests_32_sdk_clients_leaks_nothing(server_pool) -> None:
 # ---- client loss -----------------------------------------------------------------------------------
 N_GONE = 20
 # A sync video of 200 steps (the most a request may ask) at 128x128: seconds on this host, so 20 of
-# them would hold the two ranks for tens of seconds; the predicted wait of all 20 stays inside
+# them would hold the worker for tens of seconds; the predicted wait of all 20 stays inside
 # wan-drill's 600 s bound.
 LONG = {**TINY, "size": "128x128", "num_frames": 9, "num_inference_steps": 200}
 
@@ -266,9 +266,9 @@ def test_sync_clients_that_go_away_free_the_server_at_once(server_pool) -> None:
     n_events = len(executor_events(server.log_text()))
     conns = [open_sync(server, {**LONG, "seed": i}) for i in range(N_GONE)]
     try:
-        # Mid-generation: both ranks run one of them (the TunedExecutor logs each start).
+        # Mid-generation: the server's one worker runs the first of them (the TunedExecutor logs the start).
         deadline = time.monotonic() + 60
-        while sum(1 for e in executor_events(server.log_text())[n_events:] if e[0] == "start") < 2:
+        while not any(e[0] == "start" for e in executor_events(server.log_text())[n_events:]):
             assert time.monotonic() < deadline, "the long requests did not start"
             time.sleep(0.05)
         time.sleep(0.5)
@@ -295,10 +295,10 @@ def test_sync_clients_that_go_away_free_the_server_at_once(server_pool) -> None:
            quick_idle_s=round(baseline, 2), quick_after_s=round(after_s, 2), long_alone_s=round(long_s, 2),
            queued_started_after_gone=started_after)
     assert log.count("client disconnected; generation aborted") - lines == N_GONE
-    assert depth >= N_GONE - 2 - 2  # 20 admitted: two running, (nearly) all others queued
-    assert started_after <= 6, f"{started_after} of the {N_GONE - 2} queued abandoned requests still started"
-    # One job's time (plus the abort of the two running ones at their next step): under the time of
-    # even one of the abandoned jobs, where waiting for them would take about 10 of them (2 ranks).
+    assert depth >= N_GONE - 4  # 20 admitted: one running, (nearly) all others queued
+    assert started_after <= 6, f"{started_after} of the {N_GONE - 1} queued abandoned requests still started"
+    # One job's time (plus the abort of the running one at its next step): under the time of even
+    # one of the abandoned jobs, where waiting for them would take 20 of them.
     assert after_s <= min(3 * baseline + 2, long_s), (after_s, baseline, long_s)
 
 
@@ -501,9 +501,10 @@ def test_unwritable_media_directory_fails_jobs_with_storage_error(server_pool) -
 
 
 # ---- restart with a full queue -----------------------------------------------------------------------
-# 200 steps at 64x64x9 (over a second each on one rank): none finishes while the 24 are sent (which
-# would free a place and let a 25th in), and the queue is still full at the restart.
-QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 200, "negative_prompt": "blurry"}
+# 100 steps at 64x64x9 (over a second each on wan-drill's worker): none finishes while the 24 are
+# sent (which would free a place and let a 25th in), the queue is still full at the restart, and 24
+# of them are predicted well inside the 600 s bound (so "full" is max_queued's 24, not the bound).
+QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 100, "negative_prompt": "blurry"}
 
 
 @pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
