@@ -203,6 +203,15 @@ class MultiHostServer:
         assert self.head is not None, "start() first"
         return self.head.url
 
+    @property
+    def log_path(self) -> Path | None:
+        """The head's log (the API process: what a client's requests and the dispatch write)."""
+        return self.head.log_path if self.head is not None else None
+
+    @property
+    def ready_after_s(self) -> float | None:
+        return self.head.ready_after_s if self.head is not None else None
+
     def attached(self) -> int:
         """Headless replicas the head has attached so far (rejoins count again)."""
         return self.head.log_text().count(ATTACHED_LINE) if self.head is not None else 0

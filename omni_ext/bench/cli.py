@@ -117,6 +117,12 @@ def add_subcommands(sub) -> None:
     m.add_argument("--order-variants", action="store_true", default=None,
                    help="also send the burst longest last (ascending) and short/long alternating")
     m.add_argument("--skip-ceiling", action="store_true", default=None, help="skip the bare two-process ceiling")
+    where = m.add_mutually_exclusive_group()
+    where.add_argument("--replicas", type=int, default=None, metavar="2",
+                       help="across vLLM-Omni replicas in one server (num_replicas: 2): omni-ext dispatch vs round robin")
+    where.add_argument("--multi-host", action="store_true", default=False,
+                       help="across a multi-machine head and a headless replica on loopback: omni-ext dispatch vs "
+                            "--omni-lb-policy least-queue-length")
     m.set_defaults(func=_scheduler_bench("mixed"))
 
     ad = bsub.add_parser(

@@ -104,6 +104,26 @@ class Servers:
             self.procs[name].wait_ready(timeout)
             log(f"{name}: ready after {self.procs[name].ready_after_s:.0f} s")
 
+    def start_multihost(self, name: str, args: list[str], headless: int, head_args: list[str] | None = None,
+                        head_env: dict[str, str] | None = None) -> None:
+        """Start ``name`` as vLLM-Omni's multi-machine mode on loopback: a head (the endpoint, with its
+        own replica) and ``headless`` headless replicas; :meth:`wait_all` waits until all joined."""
+        from omni_ext.server_process import MultiHostServer
+
+        mh = MultiHostServer(str(self.model), replicas=headless, args=[*self.base_args, *args], env=dict(self.env),
+                             head_args=list(head_args or []), head_env={**self.server_env(name), **(head_env or {})},
+                             log_dir=self.workdir / name).start()
+        self.procs[name] = mh
+        head_env_all = {**self.env, **mh.head_env}
+        self.commands[name] = {"head": shell_command(mh.head.command(), head_env_all),
+                               "headless": [shell_command(p.command(), self.env) for p in mh.headless],
+                               "log": str(mh.log_path)}
+
+    def wait_all(self, timeout: float) -> None:
+        for name, proc in self.procs.items():
+            proc.wait_ready(timeout)
+            log(f"{name}: ready after {proc.ready_after_s:.0f} s")
+
     def stop(self, *names: str) -> None:
         for name in names or list(self.procs):
             proc = self.procs.pop(name, None)

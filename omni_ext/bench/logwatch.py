@@ -6,7 +6,9 @@ Lines it understands (the TunedExecutor's and the API's own):
 
 - ``omni-ext: start request <id> on rank(s) [0, 1] (pair)`` (or ``(single)``, ``(warm-up)``);
 - ``omni-ext: done request <id> on rank(s) [0] in 2.34 s``;
-- ``omni-ext video <job id> completed in 3.21 s`` (the API process, once the MP4 is stored).
+- ``omni-ext video <job id> completed in 3.21 s`` (the API process, once the MP4 is stored);
+- ``omni-ext dispatch: <id> -> stage-0 replica 2 (...)`` (the head binding a job to a replica: where a
+  replica is on another host, its executor's lines are in that host's log, and this is its start).
 
 The engine's request id of an asynchronous job is ``<job id>-<suffix>``: :func:`same_job` matches
 either form.
@@ -23,11 +25,12 @@ from pathlib import Path
 _START = re.compile(r"omni-ext: start request (\S+) on rank\(s\) \[([\d,\s]*)\] \(([\w-]+)\)")
 _DONE = re.compile(r"omni-ext: done request (\S+) on rank\(s\) \[([\d,\s]*)\] in ([\d.]+) s")
 _COMPLETED = re.compile(r"omni-ext video (\S+) completed in ([\d.]+) s")
+_DISPATCH = re.compile(r"omni-ext dispatch: (\S+) -> stage-\d+ replica (\d+)")
 
 
 @dataclass(frozen=True)
 class LogEvent:
-    kind: str  # "start", "done" or "completed"
+    kind: str  # "start", "done", "completed" or "dispatch" (ranks: the replica)
     request_id: str
     t: float  # monotonic time the line was seen
     ranks: tuple[int, ...] = ()
@@ -52,6 +55,9 @@ def parse_line(line: str, t: float) -> LogEvent | None:
     m = _COMPLETED.search(line)
     if m:
         return LogEvent("completed", m.group(1), t, seconds=float(m.group(2)))
+    m = _DISPATCH.search(line)
+    if m:
+        return LogEvent("dispatch", m.group(1), t, (int(m.group(2)),))
     return None
 
 

@@ -17,11 +17,24 @@ Two TunedExecutor servers with two data-parallel groups of one worker
 predicts from the single timings (arrival order = FIFO, longest first = LPT), the optimal makespan
 of the burst (often above the bound: three 81-frame jobs cannot split evenly over two groups), and
 the bare host's two-process ceiling (two jobs at once are slower than one alone on a shared host).
+
+The same workload runs across vLLM-Omni's replicas (issue 11: scale-out), each server side by side
+with its stock counterpart, figure ``replicas.makespan_over_bound`` (goal <= 1.10):
+
+- ``--replicas 2``: one server with two replicas (deploy YAML ``num_replicas: 2``, a TunedExecutor of
+  one worker in each), omni-ext's dispatch (the head keeps the queue and binds a job when a replica
+  frees) vs vLLM-Omni's round robin on arrival (``OMNI_EXT_DISABLE_PATCHES=replica-dispatch``);
+- ``--multi-host``: vLLM-Omni's multi-machine mode on loopback, a head with its own replica plus one
+  headless replica, omni-ext's dispatch vs the head's ``--omni-lb-policy least-queue-length``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from omni_ext.bench import common as c
 from omni_ext.bench import schedule as s
@@ -37,13 +50,82 @@ DEFAULTS = {"size": "64x64", "frames": "81,17,81,17,81,17", "steps": 20, "single
 QUICK = {"size": "64x64", "frames": "33,9,33,9", "steps": 4, "single_reps": 1, "reps": 1, "skip_ceiling": True}
 
 
-def server_name(order: str) -> str:
-    return f"tuned_dp2_{order}"
+@dataclass(frozen=True)
+class Layout:
+    """Where the two groups are and what omni-ext is compared with. ``ORDERS[0]`` ("cost") is always
+    omni-ext's server, ``ORDERS[1]`` ("fifo") the baseline: ``baseline`` names it in the JSON."""
+
+    name: str  # "groups", "replicas" or "multi-host"
+    figure: str  # prefix of the figures and key of the summary
+    baseline: str  # what the baseline is called in the JSON ("fifo", "stock")
+    labels: tuple[str, str]  # how the table names the two servers
+
+    def server(self, order: str) -> str:
+        return {"groups": f"tuned_dp2_{order}", "replicas": f"replicas2_{_side(order)}",
+                "multi-host": f"multihost2_{_side(order)}"}[self.name]
 
 
-def server_specs() -> dict[str, list[str]]:
-    return {server_name(o): ["--distributed-executor-backend", c.TUNED,
-                             *c.additional_config(data_parallel_size=GROUPS, scheduler={"order": o})] for o in ORDERS}
+GROUPS_LAYOUT = Layout("groups", "mixed", "fifo", ("order=cost", "order=fifo"))
+LAYOUTS = {
+    "groups": GROUPS_LAYOUT,
+    "replicas": Layout("replicas", "replicas", "stock", ("omni-ext dispatch", "stock round robin")),
+    "multi-host": Layout("multi-host", "replicas", "stock", ("omni-ext dispatch", "stock least-queue-length")),
+}
+#: The replica layouts' stock side: vLLM-Omni's own dispatch (everything else of omni-ext stays on).
+STOCK_DISPATCH_ENV = {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"}
+
+
+def _side(order: str) -> str:
+    return "omni_ext" if order == ORDERS[0] else "stock"
+
+
+def layout_of(args) -> Layout:
+    if getattr(args, "multi_host", False):
+        return LAYOUTS["multi-host"]
+    if getattr(args, "replicas", None):
+        if args.replicas != GROUPS:
+            raise SystemExit(f"omni-ext bench mixed --replicas: only {GROUPS} (the bound is for two groups)")
+        return LAYOUTS["replicas"]
+    return GROUPS_LAYOUT
+
+
+def server_name(order: str, layout: Layout = GROUPS_LAYOUT) -> str:
+    return layout.server(order)
+
+
+def server_specs(layout: Layout = GROUPS_LAYOUT, deploy: str = "DEPLOY_YAML") -> dict[str, list[str]]:
+    """Serve args of the two servers (for ``multi-host``: of every process of each, head and headless)."""
+    if layout.name == "groups":
+        return {layout.server(o): ["--distributed-executor-backend", c.TUNED,
+                                   *c.additional_config(data_parallel_size=GROUPS, scheduler={"order": o})] for o in ORDERS}
+    if layout.name == "replicas":
+        return {layout.server(o): ["--deploy-config", deploy] for o in ORDERS}
+    return {layout.server(o): ["--distributed-executor-backend", c.TUNED] for o in ORDERS}
+
+
+def server_envs(layout: Layout) -> dict[str, dict[str, str]]:
+    return {} if layout.name == "groups" else {layout.server(ORDERS[1]): dict(STOCK_DISPATCH_ENV)}
+
+
+def replicas_deploy(workdir: Path) -> str:
+    """The deploy YAML of ``--replicas 2``: two replicas of the tiny Wan, a TunedExecutor of one worker each."""
+    path = workdir / "replicas2.yaml"
+    path.write_text(yaml.safe_dump({"async_chunk": False, "stages": [{
+        "stage_id": 0, "num_replicas": GROUPS, "devices": "0,1", "distributed_executor_backend": c.TUNED,
+        "flow_shift": 5.0, "boundary_ratio": 0.875}]}, sort_keys=False))
+    return str(path)
+
+
+def start_servers(layout: Layout, servers: c.Servers, workdir: Path, timeout: float) -> None:
+    if layout.name != "multi-host":
+        servers.start(server_specs(layout, replicas_deploy(workdir)), timeout, envs=server_envs(layout))
+        return
+    for o in ORDERS:
+        stock = o == ORDERS[1]
+        servers.start_multihost(layout.server(o), server_specs(layout)[layout.server(o)], headless=GROUPS - 1,
+                                head_args=["--omni-lb-policy", "least-queue-length"] if stock else [],
+                                head_env=dict(STOCK_DISPATCH_ENV) if stock else {})
+    servers.wait_all(timeout)
 
 
 # ---- measuring ---------------------------------------------------------------------------------------
@@ -61,7 +143,7 @@ def run_jobs(url: str, tracker: JobTracker, watcher: LogWatcher, args, frames: l
         if a.kind != "job":
             continue
         end = ends[a.job_id]
-        start = watcher.first("start", a.job_id)
+        start = watcher.first("start", a.job_id) or watcher.first("dispatch", a.job_id)
         jobs.append({"id": a.job_id, "frames": f, "sent_s": a.sent_at - t0,
                      "started_s": start.t - t0 if start else None, "ranks": list(start.ranks) if start else None,
                      "ended_s": end.ended_at - t0, "end_source": end.source, "status": end.status,
@@ -76,6 +158,7 @@ def _job_timeout(args, frames: list[int]) -> float:
 
 
 def run(args) -> dict[str, Any]:
+    layout = layout_of(args)
     host = c.host_info(args.max_load)
     c.warn_if_busy(host)
     frames = s.parse_frames(args.frames)
@@ -89,10 +172,10 @@ def run(args) -> dict[str, Any]:
     watchers: dict[str, LogWatcher] = {}
     progress = None
     try:
-        servers.start(server_specs(), args.start_timeout)
+        start_servers(layout, servers, workdir, args.start_timeout)
         trackers = {}
         for o in ORDERS:
-            name = server_name(o)
+            name = layout.server(o)
             watchers[o] = LogWatcher(servers.log_path(name)).start()
             trackers[o] = JobTracker(servers.url(name), watchers[o])
             for f in lengths:  # both groups pay their first calls at every length
@@ -101,16 +184,16 @@ def run(args) -> dict[str, Any]:
         for o in ORDERS:  # single-job timings, each length alone
             for rep in range(args.single_reps):
                 for f in lengths:
-                    r = run_jobs(servers.url(server_name(o)), trackers[o], watchers[o], args, [f], 500 + rep,
+                    r = run_jobs(servers.url(layout.server(o)), trackers[o], watchers[o], args, [f], 500 + rep,
                                  _job_timeout(args, [f]), progress)
                     if not r["ok"]:
-                        raise RuntimeError(f"single {f}-frame job on {server_name(o)} failed: {r}")
+                        raise RuntimeError(f"single {f}-frame job on {layout.server(o)} failed: {r}")
                     raw[o]["single"][str(f)].append(r["jobs"][0]["latency_s"])
         for rep in range(args.reps):
             for variant, order in orders.items():
                 pair = ORDERS if rep % 2 == 0 else ORDERS[::-1]
                 for o in pair:
-                    r = run_jobs(servers.url(server_name(o)), trackers[o], watchers[o], args, order, 1000 + 10 * rep,
+                    r = run_jobs(servers.url(layout.server(o)), trackers[o], watchers[o], args, order, 1000 + 10 * rep,
                                  _job_timeout(args, order), progress)
                     raw[o]["bursts"][variant].append(r)
                     c.log(f"rep {rep} {variant} order={o}: makespan {c.fmt(r['makespan_s'], 2)} s")
@@ -129,12 +212,12 @@ def run(args) -> dict[str, Any]:
         ceiling = measure(model, h, w, min(frames), args.steps, independent=True)
         ceiling["frames"] = min(frames)
     c.finish_host(host)
-    return summarize(raw, orders, ceiling, host, _facts(args, frames), servers.commands, str(workdir))
+    return summarize(raw, orders, ceiling, host, _facts(args, frames), servers.commands, str(workdir), layout)
 
 
 def _facts(args, frames: list[int]) -> dict[str, Any]:
     fields = c.video_fields(args, num_frames=frames[0])
-    return {"model_size": args.model_size, "groups": GROUPS,
+    return {"model_size": args.model_size, "groups": GROUPS, "layout": layout_of(args).name,
             "request": {k: fields[k] for k in ("size", "num_inference_steps", "guidance_scale")},
             "frames": frames, "single_reps": args.single_reps, "reps": args.reps}
 
@@ -160,8 +243,10 @@ def burst_figures(single_s: dict[str, float], order: list[int], makespans: list[
 
 
 def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceiling: dict[str, Any] | None,
-              host: dict[str, Any], facts: dict[str, Any], commands: dict[str, Any], workdir: str = "") -> dict[str, Any]:
+              host: dict[str, Any], facts: dict[str, Any], commands: dict[str, Any], workdir: str = "",
+              layout: Layout = GROUPS_LAYOUT) -> dict[str, Any]:
     measurement = bool(host.get("measurement", True))
+    prefix, base = layout.figure, layout.baseline
     per: dict[str, dict[str, Any]] = {}
     for o in ORDERS:
         single = {f: c.median(v) for f, v in raw[o]["single"].items()}
@@ -172,8 +257,8 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
     figures: dict[str, dict[str, Any]] = {}
     for v in orders:
         cost, fifo = per["cost"]["orders"][v], per["fifo"]["orders"][v]
-        name = "mixed.makespan_over_bound" if v == "given" else f"mixed.makespan_over_bound.{v}"
-        extra = {"fifo_value": fifo["makespan_over_bound"], "order": orders[v],
+        name = f"{prefix}.makespan_over_bound" if v == "given" else f"{prefix}.makespan_over_bound.{v}"
+        extra = {f"{base}_value": fifo["makespan_over_bound"], "order": orders[v],
                  "optimal_over_bound": cost["optimal_over_bound"]}
         if contention:
             extra["over_host_adjusted_bound"] = c.ratio(cost["makespan_over_bound"], contention)
@@ -181,8 +266,8 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
     if len(orders) > 1:
         vals = [f["value"] for f in figures.values()]
         worst = None if any(v is None for v in vals) else max(vals)
-        figures["mixed.worst_makespan_over_bound"] = c.figure(worst, *GOAL, measurement,
-                                                              fifo_value=_worst([f["fifo_value"] for f in figures.values()]))
+        figures[f"{prefix}.worst_makespan_over_bound"] = c.figure(
+            worst, *GOAL, measurement, **{f"{base}_value": _worst([f[f"{base}_value"] for f in figures.values()])})
     given_cost, given_fifo = per["cost"]["orders"]["given"], per["fifo"]["orders"]["given"]
     return {
         "benchmark": "mixed",
@@ -194,19 +279,21 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
         "measurement": measurement,
         "workdir": workdir,
         "server_commands": commands,
+        "servers": {layout.server(o): label for o, label in zip(ORDERS, layout.labels)},
         "runs": raw,
         "by_server": per,
-        "mixed": {
+        prefix: {
             "makespan_over_bound": given_cost["makespan_over_bound"],
             "goal_makespan_over_bound": f"{GOAL[0]} {GOAL[1]:g}",
-            "pass_makespan_over_bound": figures["mixed.makespan_over_bound"]["pass"],
+            "pass_makespan_over_bound": figures[f"{prefix}.makespan_over_bound"]["pass"],
             "bound_inputs": {"single_job_s": per["cost"]["single_job_s"], "total_s": given_cost["total_s"],
                              "longest_s": given_cost["longest_s"], "groups": GROUPS, "bound_s": given_cost["bound_s"]},
             "makespan_s": given_cost["median_makespan_s"],
-            "fifo": {"makespan_over_bound": given_fifo["makespan_over_bound"], "makespan_s": given_fifo["median_makespan_s"],
-                     "bound_inputs": {"single_job_s": per["fifo"]["single_job_s"], "total_s": given_fifo["total_s"],
-                                      "longest_s": given_fifo["longest_s"], "bound_s": given_fifo["bound_s"]}},
-            **({"worst_makespan_over_bound": figures["mixed.worst_makespan_over_bound"]["value"]} if len(orders) > 1 else {}),
+            base: {"makespan_over_bound": given_fifo["makespan_over_bound"], "makespan_s": given_fifo["median_makespan_s"],
+                   "bound_inputs": {"single_job_s": per["fifo"]["single_job_s"], "total_s": given_fifo["total_s"],
+                                    "longest_s": given_fifo["longest_s"], "bound_s": given_fifo["bound_s"]}},
+            **({"worst_makespan_over_bound": figures[f"{prefix}.worst_makespan_over_bound"]["value"]}
+               if len(orders) > 1 else {}),
         },
         "host_ceiling": ({**ceiling, "two_jobs_at_once_slowdown": contention} if ceiling else None),
         "figures": figures,
@@ -219,19 +306,22 @@ def _worst(vals: list[float | None]) -> float | None:
 
 def table(result: dict[str, Any]) -> str:
     figs = result["figures"]
-    out = [c.figures_table(figs, {"fifo (vLLM-Omni order)": {k: f.get("fifo_value") for k, f in figs.items()},
+    layout = LAYOUTS.get(result.get("layout", "groups"), GROUPS_LAYOUT)
+    base = layout.baseline
+    out = [c.figures_table(figs, {f"{layout.labels[1]} (vLLM-Omni)": {k: f.get(f"{base}_value") for k, f in figs.items()},
                                   "optimal/bound": {k: f.get("optimal_over_bound") for k, f in figs.items()}})]
     rows = []
     for v, order in result["arrival_orders"].items():
-        for o in ORDERS:
+        for o, label in zip(ORDERS, layout.labels):
             b = result["by_server"][o]["orders"][v]
-            rows.append([v, ",".join(map(str, order)), f"order={o}", b["bound_s"], b["median_makespan_s"],
+            rows.append([v, ",".join(map(str, order)), label, b["bound_s"], b["median_makespan_s"],
                          b["makespan_over_bound"], b["predicted_lpt_makespan_s"] if o == "cost" else b["predicted_fifo_makespan_s"],
                          b["optimal_makespan_s"]])
     out.append(c.format_table(["arrival", "frames", "server", "bound (s)", "makespan (s)", "makespan/bound",
                                "list-scheduling prediction (s)", "optimal (s)"], rows))
-    singles = "; ".join(f"order={o}: " + ", ".join(f"{f} frames {c.fmt(t, 2)} s" for f, t in
-                                                    result["by_server"][o]["single_job_s"].items()) for o in ORDERS)
+    singles = "; ".join(f"{label}: " + ", ".join(f"{f} frames {c.fmt(t, 2)} s" for f, t in
+                                                 result["by_server"][o]["single_job_s"].items())
+                        for o, label in zip(ORDERS, layout.labels))
     out.append(f"single-job times (alone): {singles}")
     ceil = result.get("host_ceiling")
     if ceil:
@@ -242,11 +332,22 @@ def table(result: dict[str, Any]) -> str:
 
 
 def dry_run(args) -> dict[str, Any]:
+    layout = layout_of(args)
     frames = s.parse_frames(args.frames)
     orders = s.arrival_orders(frames, args.order_variants)
-    return {"benchmark": "mixed", "servers (side by side)": c.planned_commands(c.model_path(args), server_specs()),
+    planned = c.planned_commands(c.model_path(args), server_specs(layout))
+    for name, env in server_envs(layout).items():
+        planned[name] = c.shell_command([], env).strip() + " " + planned[name]
+    if layout.name == "multi-host":
+        planned = {name: {"head": f"{cmd} --stage-id 0 --omni-master-address 127.0.0.1 --omni-master-port MASTER_PORT"
+                                  + (" --omni-lb-policy least-queue-length" if name.endswith("stock") else ""),
+                          "headless (x1)": cmd.replace(" --host 127.0.0.1 --port PORT", " --headless")
+                                           + " --stage-id 0 --omni-master-address 127.0.0.1 --omni-master-port MASTER_PORT"
+                                           " --worker-backend multi_process"}
+                   for name, cmd in planned.items()}
+    return {"benchmark": "mixed", "servers (side by side)": planned,
             "request": c.video_fields(args, num_frames=frames[0]), **_facts(args, frames), "arrival_orders": orders,
-            "ceiling": not args.skip_ceiling, "goal": f"mixed.makespan_over_bound {GOAL[0]} {GOAL[1]:g}"}
+            "ceiling": not args.skip_ceiling, "goal": f"{layout.figure}.makespan_over_bound {GOAL[0]} {GOAL[1]:g}"}
 
 
 def main(args) -> int:
