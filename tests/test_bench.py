@@ -297,6 +297,23 @@ def test_mixed_summary_bound_inputs_and_figures() -> None:
     assert "order=fifo" in mixed.table(r)
 
 
+@pytest.mark.parametrize("flag,servers", [(["--replicas", "2"], ("replicas2_omni_ext", "replicas2_stock")),
+                                          (["--multi-host"], ("multihost2_omni_ext", "multihost2_stock"))])
+def test_mixed_across_replicas_compares_dispatch_with_stock(flag: list[str], servers: tuple[str, str]) -> None:
+    layout = mixed.layout_of(parse("mixed", *flag, "--json", "x.json"))
+    assert layout.figure == "replicas" and tuple(layout.server(o) for o in mixed.ORDERS) == servers
+    # The stock side is vLLM-Omni's own dispatch and nothing else: only replica-dispatch is switched off.
+    assert mixed.server_envs(layout) == {servers[1]: {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"}}
+    orders = s.arrival_orders(FACTS_M["frames"], False)
+    r = mixed.summarize(_mixed_raw(orders, [17.5, 17.9], [22.0, 22.4]), orders, None, HOST,
+                        {**FACTS_M, "layout": layout.name}, {}, layout=layout)
+    fig = r["figures"]["replicas.makespan_over_bound"]
+    assert fig["value"] == pytest.approx(17.7 / 16.2) and fig["stock_value"] == pytest.approx(22.2 / 16.2)
+    assert r["replicas"]["stock"]["makespan_over_bound"] == pytest.approx(22.2 / 16.2)
+    assert r["replicas"]["bound_inputs"]["bound_s"] == pytest.approx(16.2)
+    assert layout.labels[1] in mixed.table(r)
+
+
 def test_mixed_order_variants_report_the_worst_and_failed_bursts() -> None:
     orders = s.arrival_orders(FACTS_M["frames"], True)
     raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9])
