@@ -95,6 +95,17 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
     return None if res.returncode == 0 else (res.stderr.strip() or f"mount exited {res.returncode}")
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that start servers of their own (marked ``server`` but not using the shared pool: presets
+    started for real, the multi-machine head with its headless replicas) run first, before the pool's
+    dozen servers are up: the host has 24 GiB, and the pool alone holds ~19 GiB once all are loaded
+    (a full run with the multi-machine servers next to the pool was stopped by the OOM killer)."""
+    def own_servers(item: pytest.Item) -> bool:
+        return item.get_closest_marker("server") is not None and "server_pool" not in getattr(item, "fixturenames", ())
+
+    items[:] = [i for i in items if own_servers(i)] + [i for i in items if not own_servers(i)]
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from omni_ext.models.tiny import MODELS, build_tiny_model

@@ -77,14 +77,20 @@ def pool_and_clients() -> Iterator[tuple]:
     saved = (replica_dispatch.SETTINGS.slots_per_replica, replica_dispatch.SETTINGS.pipeline, replica_dispatch.SETTINGS.config)
     replica_dispatch.configure(1, "WanPipeline", SchedulerConfig(settle_s=0.05))
     clients = [Client(0), Client(1)]
-    yield StagePool(0, list(clients)), clients
+    pool = StagePool(0, list(clients))
+    yield pool, clients
     replica_dispatch.configure(*saved)
+    if replica_dispatch.dispatcher_of(pool) is not None:
+        replica_dispatch.dispatcher_of(pool).close()  # this test process's API queue must not count it
+    assert replica_dispatch.capacity() is None
 
 
-def submit_burst(pool, frames: list[int], submit=None) -> None:
-    submit = submit or type(pool).submit_initial
-    for i, f in enumerate(frames):
-        asyncio.get_event_loop().run_until_complete(submit(pool, f"r{i}-{f}", request_state(f), {"prompt": "fox"}))
+def submit_burst(pool, frames: list[int], submit) -> None:
+    async def burst() -> None:
+        for i, f in enumerate(frames):
+            await submit(pool, f"r{i}-{f}", request_state(f), {"prompt": "fox"})
+
+    asyncio.run(burst())
 
 
 def test_stock_round_robin_binds_on_arrival(pool_and_clients) -> None:
@@ -118,7 +124,7 @@ def test_dispatch_binds_when_a_slot_frees_longest_first(pool_and_clients) -> Non
         await asyncio.sleep(0.01)
         assert len(c1.sent) == 2 and c1.sent[1] in ("r0-17", "r2-17")
 
-    asyncio.get_event_loop().run_until_complete(scenario())
+    asyncio.run(scenario())
 
 
 def test_a_failed_send_goes_once_to_another_replica(pool_and_clients) -> None:
@@ -132,7 +138,7 @@ def test_a_failed_send_goes_once_to_another_replica(pool_and_clients) -> None:
             await asyncio.sleep(0)
         assert c1.sent == ["r0-81"] and pool.get_bound_replica_id("r0-81") == 1
 
-    asyncio.get_event_loop().run_until_complete(scenario())
+    asyncio.run(scenario())
 
 
 # ---- the blocking send ---------------------------------------------------------------------------------

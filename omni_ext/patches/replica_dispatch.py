@@ -139,6 +139,21 @@ class Dispatcher:
         self.live_seen: tuple[int, ...] = ()
         with _LOCK:
             _DISPATCHERS.append(self)
+        lb = getattr(pool, "_lb", None)
+        logger.info(
+            "omni-ext dispatch: stage-%s %s: requests wait here and are bound to a replica when one can start them "
+            "(order %s, earliest predicted finish)%s; OMNI_EXT_DISABLE_PATCHES=replica-dispatch restores vLLM-Omni's",
+            pool.stage_id, "on a multi-machine head" if pool.is_distributed else f"with {pool.num_replicas} replicas",
+            SETTINGS.config.order,
+            f", instead of the head's {type(lb).__name__}" if lb is not None else ", instead of round robin on arrival")
+
+    def close(self) -> None:
+        """Stop counting this pool in :func:`capacity` (its server is shutting down; tests)."""
+        if self.timer is not None:
+            self.timer.cancel()
+        with _LOCK:
+            if self in _DISPATCHERS:
+                _DISPATCHERS.remove(self)
 
     # ---- replicas -----------------------------------------------------------------------
     def live_ids(self) -> list[int]:
