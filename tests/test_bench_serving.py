@@ -193,10 +193,16 @@ def test_configurations_keep_command_line_order_and_labels() -> None:
 def test_topologies_suite_is_the_readme_comparison() -> None:
     args = parse("serving", "--suite", "topologies", "--kind", "video")
     configs = {cfg.label: cfg for cfg in serving.configurations(args)}
-    assert list(configs) == ["stock-1dev", "stock-cfg2", "stock-dp2", "replicas2", "tuned-cfg2", "tuned-dp2", "adaptive"]
+    assert list(configs) == ["stock-1dev", "stock-cfg2", "stock-dp2", "stock-replicas2", "replicas2", "tuned-cfg2",
+                             "tuned-dp2", "adaptive"]
     assert c.TUNED not in " ".join(configs["stock-cfg2"].args + configs["stock-dp2"].args)
     assert json.loads(configs["stock-dp2"].args[-1]) == {"0": {"data_parallel_size": 2}}  # intra-executor DP
-    assert configs["replicas2"].deploy["stages"][0]["num_replicas"] == 2
+    for name, executor in (("stock-replicas2", None), ("replicas2", c.TUNED)):
+        stage = configs[name].deploy["stages"][0]
+        assert stage["num_replicas"] == 2 and stage.get("distributed_executor_backend") == executor
+    # stock replicas: vLLM-Omni's round robin on arrival; omni-ext's: its dispatch (the default)
+    assert configs["stock-replicas2"].env["OMNI_EXT_DISABLE_PATCHES"] == "replica-dispatch"
+    assert "OMNI_EXT_DISABLE_PATCHES" not in configs["replicas2"].env
     cfg_modes = {k: json.loads(configs[k].args[-1])["omni_ext"]["scheduler"]["cfg_mode"] for k in ("tuned-cfg2", "adaptive")}
     assert cfg_modes == {"tuned-cfg2": "pair", "adaptive": "adaptive"}
     assert json.loads(configs["tuned-dp2"].args[-1]) == {"omni_ext": {"data_parallel_size": 2}}
@@ -242,7 +248,7 @@ def test_serving_dry_run_starts_nothing(capsys, tmp_path: Path) -> None:
     assert args.func(args) == 0
     out = capsys.readouterr().out
     plan = json.loads(out[: out.rindex("}") + 1])
-    assert len(plan["configurations"]) == 7 and plan["workload"]["request"]["num_frames"] == 17
+    assert len(plan["configurations"]) == 8 and plan["workload"]["request"]["num_frames"] == 17
     assert "--num-gpus 2" in plan["configurations"]["stock-dp2"]["runs"]
     assert not any(tmp_path.iterdir())
 

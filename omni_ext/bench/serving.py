@@ -15,8 +15,8 @@ sent (or ``--duration`` has passed), through the OpenAI routes:
 A request's latency is from its first byte sent to its last media byte received. Configurations are
 a running server (``--url``), a launch preset (``--preset``, rendered by :mod:`omni_ext.presets`),
 ad-hoc serve flags (``--config 'label=ENV=1 --flag value'``) or a built-in set (``--suite
-topologies``: stock one device, stock CFG 2, stock DP 2, 2 replicas, tuned CFG 2, tuned DP 2,
-adaptive). Servers this command starts run one at a time, each alone on the host, on the same
+topologies``: stock one device, stock CFG 2, stock DP 2, stock 2 replicas, 2 replicas with
+omni-ext's dispatch, tuned CFG 2, tuned DP 2, adaptive). Servers this command starts run one at a time, each alone on the host, on the same
 workload (request ``i`` has seed ``--seed + i`` everywhere), after ``--warmup`` unrecorded requests.
 
 Percentiles are over successful requests only (a fast 429 is not a latency); errors are counted by
@@ -86,20 +86,39 @@ def suite(kind: str) -> list[Config]:
 
     Stock data parallel is vLLM-Omni's intra-executor DP (``--num-gpus 2`` and the stage's
     ``data_parallel_size`` 2, as ``omni-ext bench data-parallel`` starts it): ``--data-parallel-size``
-    is refused under ``--omni``. "2 replicas" is the cpu preset of two vLLM-Omni replicas.
+    is refused under ``--omni``. "2 replicas" is the deploy YAML of the cpu preset of two vLLM-Omni
+    replicas: "stock-replicas2" with vLLM-Omni's executor and its round robin on arrival
+    (``replica-dispatch`` off), "replicas2" with a TunedExecutor in each and omni-ext's dispatch.
     """
-    replicas = "wan2.1-t2v-tiny.cpu.x2.throughput" if kind == "video" else "qwen-image-tiny.cpu.x2.throughput"
     cfg2 = ["--cfg-parallel-size", "2"]
     tuned = ["--distributed-executor-backend", c.TUNED]
     return [
         Config("stock-1dev", "serve", args=["--distributed-executor-backend", "mp"]),
         Config("stock-cfg2", "serve", args=cfg2),
         Config("stock-dp2", "serve", args=["--num-gpus", "2", "--stage-overrides", '{"0": {"data_parallel_size": 2}}']),
-        Config("replicas2", "preset", preset=replicas),
+        replicas_config(kind, tuned=False),
+        replicas_config(kind, tuned=True),
         Config("tuned-cfg2", "serve", args=[*cfg2, *tuned, *c.additional_config(scheduler={"cfg_mode": "pair"})]),
         Config("tuned-dp2", "serve", args=[*tuned, *c.additional_config(data_parallel_size=2)]),
         Config("adaptive", "serve", args=[*cfg2, *tuned, *c.additional_config(scheduler={"cfg_mode": "adaptive"})]),
     ]
+
+
+def replicas_config(kind: str, *, tuned: bool) -> Config:
+    """Two vLLM-Omni replicas from the cpu throughput preset's deploy YAML: with a TunedExecutor in each
+    and omni-ext's dispatch (``tuned``), or as vLLM-Omni runs them (its executor, round robin on arrival)."""
+    import copy
+
+    name = "wan2.1-t2v-tiny.cpu.x2.throughput" if kind == "video" else "qwen-image-tiny.cpu.x2.throughput"
+    rendered = preset_config(name)
+    deploy = copy.deepcopy(rendered.deploy) or {}
+    for stage in deploy.get("stages", []):
+        if tuned:
+            stage["distributed_executor_backend"] = c.TUNED
+        else:
+            stage.pop("distributed_executor_backend", None)
+    env = {**rendered.env, **({} if tuned else {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"})}
+    return Config("replicas2" if tuned else "stock-replicas2", "serve", args=rendered.args, env=env, deploy=deploy)
 
 
 SUITES: dict[str, Callable[[str], list[Config]]] = {"topologies": suite}
@@ -585,7 +604,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", action=_Target, metavar="LABEL='[ENV=v ...] serve args'",
                    help="start vllm-omni serve with these extra flags (and environment)")
     g.add_argument("--suite", action=_Target, choices=sorted(SUITES),
-                   help="topologies: stock 1 device, stock CFG 2, stock DP 2, 2 replicas, tuned CFG 2, tuned DP 2, adaptive")
+                   help="topologies: stock 1 device, stock CFG 2, stock DP 2, stock 2 replicas, 2 replicas (omni-ext dispatch), "
+                        "tuned CFG 2, tuned DP 2, adaptive")
     g.add_argument("--baseline", default=None, help="label the req/s column is relative to (default: the first)")
     w = p.add_argument_group("workload")
     w.add_argument("--kind", choices=KINDS, default=None, help="video (Wan2.1) or image (Qwen-Image); default: the presets', else video")
