@@ -132,6 +132,7 @@ def test_every_cost_figure_names_its_source() -> None:
     assert all(a.source.strip() for a in COSTS.anchors)
     assert all(f.source.strip() for table in COSTS.speedups.values() for f in table.values())
     assert all(f.source.strip() for table in COSTS.replica_efficiency.values() for f in table.values())
+    assert COSTS.one_host_layout.source.strip() and COSTS.one_host_layout.reason.strip()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,7 +142,8 @@ def test_every_cost_figure_names_its_source() -> None:
 def test_every_catalog_preset_is_what_the_planner_recommends() -> None:
     for preset in load_catalog().values():
         device = COSTS.families[preset.device]["reference_device"]
-        p = plan(preset.model, device, preset.count, preset.objective, requests_use_cfg=requests_use_cfg(preset, COSTS))
+        p = plan(preset.model, device, preset.count, preset.objective, requests_use_cfg=requests_use_cfg(preset, COSTS),
+                 hosts=preset.hosts)
         assert p.topology == preset.topology, preset.name
 
 
@@ -165,3 +167,64 @@ def _raw() -> dict:
     import yaml
 
     return yaml.safe_load(resources.files("omni_ext.presets").joinpath("costs.yaml").read_text())
+
+
+# ----------------------------------------------------------------------------------------------
+# executor, one-host layout, several hosts
+
+
+def _layout_table(replicas: float | None, dp: float | None):
+    raw = _raw()
+    raw["one_host_layout"] = {**raw["one_host_layout"], "replicas_per_hour": replicas, "dp_groups_per_hour": dp}
+    return parse_cost_table(raw)
+
+
+def test_one_host_throughput_is_replicas_of_tuned_executors_and_says_why() -> None:
+    p = plan("wan2.1-t2v-1.3b", "910b3", 8, "throughput")
+    assert p.topology == Topology(replicas=4, cfg=2) and p.layout == "replicas"
+    (line,) = [r for r in p.reasons if r.startswith("Executor:")]
+    assert "4 replicas, each its own TunedExecutor, not one TunedExecutor with data_parallel_size 4" in line
+    # the figures are not measured yet: the line says so and cites where they will come from
+    assert "PLACEHOLDER for omni-ext bench serving, 2-core CPU host, 2026-12-01" in line
+    assert "a lost replica fails only its own jobs" in line and "dispatch already balances them" in line
+    assert COSTS.one_host_layout.replicas_per_hour is None and COSTS.one_host_layout.dp_groups_per_hour is None
+
+
+def test_measured_layout_figures_decide_and_are_cited() -> None:
+    dp_wins = plan("wan2.1-t2v-1.3b", "910b3", 8, "throughput", costs=_layout_table(100.0, 130.0))
+    assert dp_wins.layout == "dp-groups"
+    assert any("one TunedExecutor with data_parallel_size 4, not 4 replicas: measured 100/h as replicas vs 130/h" in r
+               for r in dp_wins.reasons)
+    tie = plan("wan2.1-t2v-1.3b", "910b3", 8, "throughput", costs=_layout_table(100.0, 101.0))
+    assert tie.layout == "replicas"  # within 2 %: replicas, for their failure isolation
+    assert any("measured 100/h as replicas vs 101/h" in r for r in tie.reasons)
+
+
+def test_the_executor_line_says_where_the_tuned_executor_does_not_apply() -> None:
+    p = plan("qwen-image", "910b3", 8, "latency")
+    assert p.topology.ulysses == 8 and p.layout is None
+    assert any(r.startswith("Executor: vLLM-Omni's own") and "sequence parallel" in r for r in p.reasons)
+    one = plan("wan2.1-t2v-1.3b", "910b3", 1, "balanced")
+    assert any(r.startswith("Executor: omni-ext's TunedExecutor (--distributed-executor-backend") for r in one.reasons)
+
+
+def test_two_hosts_for_throughput_are_the_one_host_layout_on_each_behind_one_head(capsys) -> None:
+    from omni_ext.cli import main
+
+    one = plan("wan2.1-t2v-1.3b", "910b3", 8, "throughput")
+    two = plan("wan2.1-t2v-1.3b", "910b3", 8, "throughput", hosts=2)
+    assert two.topology == one.topology == Topology(replicas=4, cfg=2) and two.hosts == 2
+    assert two.estimate.latency_s == one.estimate.latency_s  # a replica never spans hosts
+    assert two.estimate.throughput_per_hour == pytest.approx(8 * 0.95 * 3600 / 180)  # 8 replicas in all
+    assert any("8 replicas at 0.95 efficiency" in e for e in two.estimate.extrapolated)
+    (line,) = [r for r in two.reasons if r.startswith("Hosts 2:")]
+    assert "1 headless replica host(s)" in line and "a lost host fails only its own jobs" in line
+    assert main(["plan", "--model", "wan2.1-t2v-1.3b", "--device", "910b3", "--count", "8", "--objective", "throughput",
+                 "--hosts", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "topology: 4 replicas x CFG 2 x Ulysses 1 x TP 1 per host" in text
+    assert "preset: wan2.1-t2v-1.3b.910b.2x8.throughput  (head: omni-ext serve --preset" in text and "--role replica" in text
+    assert main(["plan", "--model", "wan2.1-t2v-tiny", "--device", "cpu", "--count", "1", "--objective", "throughput",
+                 "--hosts", "2", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["hosts"] == 2 and data["presets"] == ["wan2.1-t2v-tiny.cpu.2x1.throughput"]

@@ -12,6 +12,8 @@ import json
 import os
 import stat
 import subprocess
+import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +23,7 @@ import yaml
 
 from omni_ext.models.families import FAMILIES, cost_units, family_of
 from omni_ext.presets import PresetError, load_catalog, load_cost_table
-from omni_ext.presets.catalog import Preset
+from omni_ext.presets.catalog import ROLES, Preset
 from omni_ext.presets.cli import script_text
 from omni_ext.presets.costs import Topology
 from omni_ext.presets.planner import estimate
@@ -36,7 +38,7 @@ from omni_ext.presets.render import (
     request_hint,
     scheduler_seed,
 )
-from omni_ext.presets.validate import check_preset
+from omni_ext.presets.validate import TUNED_EXECUTOR, check_preset, tuned_executor_refusal
 from omni_ext.scheduler.config import scheduler_config
 from omni_ext.server_process import ServeProcess
 from tests.media import decode_mp4, decode_png
@@ -57,11 +59,17 @@ def warnings(preset: Preset) -> list[str]:
     return [i.message for i in check_preset(preset) if i.level == "warning"]
 
 
-def options_for(preset: Preset, tiny_models: dict[str, Path] | None = None) -> RenderOptions:
+def options_for(preset: Preset, tiny_models: dict[str, Path] | None = None, role: str | None = None) -> RenderOptions:
+    """Render options for a catalog preset; a multi-host preset renders its head unless ``role`` says otherwise."""
+    hosts = {"role": role or "head", "master_address": "127.0.0.1"} if preset.multi_host else {}
     if preset.device != "cpu":
-        return RenderOptions()
+        return RenderOptions(**hosts)
     model = {"wan2.1-t2v-tiny": "wan2.1-t2v", "qwen-image-tiny": "qwen-image"}[preset.model]
-    return RenderOptions(model=str(tiny_models[model]) if tiny_models else f"/models/{model}")
+    return RenderOptions(model=str(tiny_models[model]) if tiny_models else f"/models/{model}", **hosts)
+
+
+#: Every launch of the catalog: (preset name, role), one per host role for a multi-host preset.
+LAUNCHES = [(name, role) for name, p in sorted(CATALOG.items()) for role in (ROLES if p.multi_host else (None,))]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,6 +213,93 @@ def test_wan_renders_a_deploy_yaml_and_qwen_renders_flags_or_its_registered_pipe
     assert many.deploy["pipeline"] == "omni_ext_qwen_image" and many.deploy["stages"][0]["num_replicas"] == 8
 
 
+def test_the_tuned_executor_is_selected_wherever_it_applies_and_nowhere_else() -> None:
+    for preset in CATALOG.values():
+        refusal = tuned_executor_refusal(preset)
+        assert (preset.executor == TUNED_EXECUTOR) == (refusal is None), preset.name
+        if refusal is not None:  # the preset says why vLLM-Omni's own executor runs it
+            assert preset.executor is None and preset.notes[0] == f"No TunedExecutor: {refusal}.", preset.name
+    assert CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"].executor == TUNED_EXECUTOR
+    assert CATALOG["qwen-image-2512.910b.x1.balanced"].executor == TUNED_EXECUTOR
+    assert "sequence parallel" in tuned_executor_refusal(CATALOG["qwen-image.910b.x8.latency"])
+    assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"])
+    assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.cuda.x2.latency"])
+
+
+def test_the_tuned_executor_where_it_would_refuse_to_start_is_an_error() -> None:
+    ulysses = CATALOG["wan2.1-t2v-1.3b.910b.x4.latency"].replace(executor=TUNED_EXECUTOR)
+    assert any("would refuse to start: it refuses sequence parallel" in e for e in errors(ulysses))
+    stepped = CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"].replace(engine={"step_execution": True})
+    assert any("refuses step execution" in e for e in errors(stepped))
+    unselected = CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"].replace(executor=None)
+    assert any("TunedExecutor applies to this preset" in w for w in warnings(unselected))
+
+
+def test_the_tuned_executor_reaches_both_channels(capsys) -> None:
+    from omni_ext.cli import main
+
+    wan = render(CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"])  # deploy YAML, pipeline-wide key in 0.30
+    assert wan.deploy["distributed_executor_backend"] == TUNED_EXECUTOR and wan.deploy["stages"][0]["num_replicas"] == 4
+    qwen = render(CATALOG["qwen-image.910b.x1.balanced"])  # generic fallback: CLI flags only
+    assert qwen.flags[qwen.flags.index("--distributed-executor-backend") + 1] == TUNED_EXECUTOR
+    ulysses = render(CATALOG["qwen-image.910b.x8.latency"])
+    assert "--distributed-executor-backend" not in ulysses.flags
+    assert main(["serve", "--preset", "wan2.1-t2v-1.3b.910b.x8.throughput", "--dry-run"]) == 0
+    assert f"#   distributed_executor_backend: {TUNED_EXECUTOR}" in capsys.readouterr().out
+
+
+TWO_HOSTS = CATALOG["wan2.1-t2v-1.3b.910b.2x8.throughput"]
+
+
+def test_two_host_presets_render_one_exact_command_per_role() -> None:
+    assert TWO_HOSTS.hosts == 2 and TWO_HOSTS.count == 8 and TWO_HOSTS.topology == Topology(replicas=4, cfg=2)
+    assert TWO_HOSTS.total_topology.replicas == 8
+    opts = {"model": "/models/wan", "master_address": "127.0.0.1", "master_port": 29600, "deploy_path": "d.yaml"}
+    head = render(TWO_HOSTS, RenderOptions(role="head", port=8100, **opts))
+    replica = render(TWO_HOSTS, RenderOptions(role="replica", devices=list(range(8, 16)), **opts))
+    assert head.argv == ["vllm-omni", "serve", "/models/wan", "--omni", "--host", "0.0.0.0", "--port", "8100",
+                         "--deploy-config", "d.yaml", "--stage-id", "0", "--omni-master-address", "127.0.0.1",
+                         "--omni-master-port", "29600", "--omni-dp-size-local", "4"]
+    assert replica.argv == ["vllm-omni", "serve", "/models/wan", "--omni", "--headless", "--deploy-config", "d.yaml",
+                            "--stage-id", "0", "--omni-master-address", "127.0.0.1", "--omni-master-port", "29600",
+                            "--omni-dp-size-local", "4", "--worker-backend", "multi_process"]
+    # The same deploy YAML on both hosts: 4 replicas of CFG 2 over this host's 8 cards, the TunedExecutor in each.
+    assert head.deploy == replica.deploy
+    stage = head.deploy["stages"][0]
+    assert (stage["num_replicas"], stage["cfg_parallel_size"], stage["devices"]) == (4, 2, "0,1,2,3,4,5,6,7")
+    assert head.deploy["distributed_executor_backend"] == TUNED_EXECUTOR
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in head.env and replica.env["ASCEND_RT_VISIBLE_DEVICES"] == "8,9,10,11,12,13,14,15"
+    assert any("attached remote replica" in n for n in head.notes) and any("after the head" in n for n in replica.notes)
+    cmd = format_rendered(replica, "cmd")
+    assert "vllm-omni serve /models/wan --omni \\\n  --headless \\\n  --deploy-config d.yaml" in cmd and "--port" not in cmd
+
+
+def test_two_host_presets_need_a_role_and_the_head_address(capsys) -> None:
+    from omni_ext.cli import main
+
+    with pytest.raises(PresetError, match="spans 2 hosts: render one command per host with --role head"):
+        render(TWO_HOSTS)
+    with pytest.raises(PresetError, match="pass --master-address"):
+        render(TWO_HOSTS, RenderOptions(role="replica"))
+    with pytest.raises(PresetError, match="runs on one host; --role is for multi-host presets"):
+        render(CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"], RenderOptions(role="head", master_address="127.0.0.1"))
+    assert main(["presets", "render", TWO_HOSTS.name, "--format", "cmd"]) == 2
+    assert "--role head" in capsys.readouterr().err
+    assert main(["presets", "render", TWO_HOSTS.name, "--role", "replica", "--master-address", "127.0.0.1",
+                 "--master-port", "29601"]) == 0
+    out = capsys.readouterr().out
+    assert "--headless" in out and "--omni-master-port 29601" in out and "--worker-backend multi_process" in out
+    assert main(["presets", "render", TWO_HOSTS.name, "--role", "head", "--master-address", "127.0.0.1",
+                 "--format", "script"]) == 0
+    assert capsys.readouterr().out == script_text(TWO_HOSTS, "head")
+    assert "2x8" in next(line for line in _listed(main, capsys) if line.startswith(TWO_HOSTS.name))
+
+
+def _listed(main, capsys) -> list[str]:
+    assert main(["presets", "list", "--model", "wan2.1-t2v-1.3b", "--device", "910b"]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
 def test_request_hint_asks_qwen_image_cfg_clients_for_a_negative_prompt() -> None:
     assert any("negative_prompt" in line for line in request_hint(CATALOG["qwen-image.910b.x2.latency.cfg"]))
     assert not any("negative_prompt" in line for line in request_hint(CATALOG["qwen-image.910b.x2.throughput"]))
@@ -301,11 +396,11 @@ def omni():
     validator.close()
 
 
-@pytest.mark.parametrize("name", sorted(CATALOG))
-def test_preset_is_accepted_by_the_installed_vllm_omni(omni, name: str) -> None:
+@pytest.mark.parametrize(("name", "role"), LAUNCHES)
+def test_preset_is_accepted_by_the_installed_vllm_omni(omni, name: str, role: str | None) -> None:
     preset = CATALOG[name]
-    summary = omni.validate(render(preset, options_for(preset)))
-    assert summary["resolved"] == preset.topology.as_dict()
+    summary = omni.validate(render(preset, options_for(preset, role=role)))
+    assert summary["resolved"] == preset.topology.as_dict()  # per host: this host's replicas
 
 
 def test_the_pipeline_assumptions_match_the_installed_registry(omni) -> None:
@@ -326,9 +421,12 @@ def test_presets_validate_command_uses_the_installed_vllm_omni(omni, monkeypatch
 
     monkeypatch.setattr(installed, "OmniValidator", lambda: omni)  # the module's validator: no second vLLM import
     monkeypatch.setattr(omni, "close", lambda: None)
-    assert main(["presets", "validate", "qwen-image.910b.x8.throughput", "wan2.1-t2v-tiny.cpu.x2.latency"]) == 0
+    assert main(["presets", "validate", "qwen-image.910b.x8.throughput", "wan2.1-t2v-tiny.cpu.x2.latency",
+                 TWO_HOSTS.name]) == 0
     out = capsys.readouterr().out
     assert "[ OK ] qwen-image.910b.x8.throughput: deploy-yaml: 8 replicas" in out and out.rstrip().endswith("ready")
+    for role in ROLES:  # one command per host, each parsed and resolved as that host would
+        assert f"[ OK ] {TWO_HOSTS.name} --role {role}: deploy-yaml: 4 replicas x CFG 2 x Ulysses 1 x TP 1 per host, 2 hosts" in out
     bad = BASE.replace(flags=("--num-gpus", "4"))
     monkeypatch.setattr("omni_ext.presets.cli.get_preset", lambda name: bad)
     assert main(["presets", "validate", bad.name, "--json"]) == 1
@@ -346,6 +444,19 @@ def test_installed_vllm_omni_refuses_bad_extra_flags(omni, flags: list[str], mat
     rendered.flags += flags
     with pytest.raises(PresetError, match=match):
         omni.validate(rendered)
+
+
+def test_installed_vllm_omni_checks_each_hosts_multi_machine_flags(omni) -> None:
+    head = render(TWO_HOSTS, RenderOptions(role="head", master_address="127.0.0.1"))
+    assert omni.validate(head)["resolved"]["replicas"] == 4
+    i = head.flags.index("--omni-dp-size-local")
+    head.flags[i + 1] = "2"  # the host would run 2 replicas, not the preset's 4
+    with pytest.raises(PresetError, match="omni_dp_size_local: 2, want 4"):
+        omni.validate(head)
+    one = render(CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"])
+    one.flags += ["--stage-id", "0", "--omni-master-address", "127.0.0.1", "--omni-master-port", "29555"]
+    with pytest.raises(PresetError, match="one-host launch in multi-machine mode"):
+        omni.validate(one)
 
 
 def test_qwen_image_replicas_are_lost_without_the_registered_pipeline(omni) -> None:
@@ -382,12 +493,15 @@ def test_the_scheduler_seed_reaches_the_resolved_stage(omni, name: str) -> None:
 
 
 def test_launch_scripts_match_the_presets() -> None:
-    named = {p.launch_script: p for p in CATALOG.values() if p.launch_script}
+    named = {name: (p, role) for p in CATALOG.values() for role, name in p.launch_scripts().items()}
     assert set(named) == {f.name for f in SCRIPTS.glob("*.sh")}, "regenerate: omni-ext presets write-scripts"
-    for file_name, preset in named.items():
+    for file_name, (preset, role) in named.items():
         path = SCRIPTS / file_name
-        assert path.read_text() == script_text(preset), f"{path} is stale: omni-ext presets write-scripts"
+        assert path.read_text() == script_text(preset, role), f"{path} is stale: omni-ext presets write-scripts"
         assert path.stat().st_mode & stat.S_IXUSR
+    two = CATALOG["wan2.1-t2v-1.3b.910b.2x8.throughput"].launch_scripts()
+    assert two == {"head": "wan2.1-t2v-1.3b_910b_2hosts_8cards_head.sh",
+                   "replica": "wan2.1-t2v-1.3b_910b_2hosts_8cards_replica.sh"}
 
 
 def test_launch_scripts_cover_the_user_reported_deployments() -> None:
@@ -408,8 +522,11 @@ def test_write_scripts_check_reports_a_stale_script(tmp_path: Path) -> None:
     assert main(["presets", "write-scripts", str(tmp_path), "--check"]) == 1
 
 
-@pytest.mark.parametrize("preset_name", ["wan2.1-t2v-1.3b.910b.x8.throughput", "qwen-image-2512.910b.x1.balanced"])
-def test_launch_script_execs_vllm_omni_with_the_rendered_launch(tmp_path: Path, preset_name: str) -> None:
+@pytest.mark.parametrize(("preset_name", "role"), [
+    ("wan2.1-t2v-1.3b.910b.x8.throughput", None), ("qwen-image-2512.910b.x1.balanced", None),
+    ("wan2.1-t2v-1.3b.910b.2x8.throughput", "head"), ("wan2.1-t2v-1.3b.910b.2x8.throughput", "replica"),
+])
+def test_launch_script_execs_vllm_omni_with_the_rendered_launch(tmp_path: Path, preset_name: str, role: str | None) -> None:
     preset = CATALOG[preset_name]
     fake = tmp_path / "bin" / "vllm-omni"
     fake.parent.mkdir()
@@ -421,11 +538,17 @@ def test_launch_script_execs_vllm_omni_with_the_rendered_launch(tmp_path: Path, 
     out = tmp_path / "out.json"
     env = {"PATH": f"{fake.parent}:{os.environ['PATH']}", "OUT": str(out), "ASCEND_TOOLKIT_HOME": "/fake/cann",
            "MODEL": "/models/m", "PORT": "9123", "TMPDIR": str(tmp_path)}
-    proc = subprocess.run(["bash", str(SCRIPTS / preset.launch_script), "--log-level", "debug"], env=env,
+    script = str(SCRIPTS / preset.launch_scripts()[role])
+    if role is not None:  # a host of a multi-host preset must be told where the head is
+        proc = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "set MASTER_ADDR" in proc.stderr and not out.exists()
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611")
+    proc = subprocess.run(["bash", script, "--log-level", "debug"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(out.read_text())
-    rendered = render(preset, RenderOptions(model="/models/m", port=9123))
+    rendered = render(preset, RenderOptions(model="/models/m", port=9123, role=role,
+                                            master_address="127.0.0.1" if role else None, master_port=29611))
     want = rendered.argv[1:] + ["--log-level", "debug"]
     if rendered.deploy is not None:
         i = want.index("--deploy-config") + 1
@@ -506,7 +629,15 @@ def test_presets_list_show_and_render_env(capsys) -> None:
 # real servers from the cpu-tiny presets (one at a time)
 
 
+def _own_servers_allowed() -> None:
+    """These tests start servers of their own (not the shared pool): OMNI_EXT_NO_SERVERS=1 skips them too,
+    so a run of the pure tests starts no server on the shared 2-core host."""
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1")
+
+
 def _serve(preset: Preset, tiny_models: dict[str, Path], tmp: Path) -> ServeProcess:
+    _own_servers_allowed()
     rendered = render(preset, options_for(preset, tiny_models))
     if rendered.deploy is not None:
         path = tmp / f"{preset.name}.yaml"
@@ -547,3 +678,44 @@ def test_cpu_tiny_qwen_preset_serves_an_image(tiny_models, tmp_path: Path) -> No
         assert decode_png(base64.b64decode(resp.json()["data"][0]["b64_json"])).shape[:2] == (32, 32)
     finally:
         proc.stop()
+
+
+@pytest.mark.server
+def test_cpu_tiny_two_host_preset_serves_a_video_through_the_head(tiny_models, tmp_path: Path) -> None:
+    """The two-host layout for real, on loopback: the preset's head and replica commands, as rendered, on one host."""
+    from omni_ext.server_process import ATTACHED_LINE, ServerStartError, free_port
+
+    _own_servers_allowed()
+    preset = CATALOG["wan2.1-t2v-tiny.cpu.2x1.throughput"]
+    master_port = free_port()
+    procs: dict[str, ServeProcess] = {}
+    for role in ROLES:
+        rendered = render(preset, replace(options_for(preset, tiny_models, role), master_port=master_port))
+        path = tmp_path / f"{role}.yaml"
+        path.write_text(format_rendered(rendered, "yaml"))
+        flags = list(rendered.flags)
+        flags[flags.index("--deploy-config") + 1] = str(path)
+        # One thread per worker process: two processes share the 2-core host (as tests/test_replicas.py does).
+        env = {**rendered.env, "OMP_NUM_THREADS": "1", "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp_path / "storage"),
+               "OMNI_EXT_API_DATA_DIR": str(tmp_path / f"api-{role}")}
+        procs[role] = ServeProcess(model=rendered.model, args=flags, env=env, headless=rendered.headless,
+                                   log_path=tmp_path / f"{role}.log")
+    head, replica = procs["head"], procs["replica"]
+    try:
+        head.start()
+        replica.start()
+        head.wait_ready(START_TIMEOUT_S)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while ATTACHED_LINE not in head.log_text():
+            if replica.proc.poll() is not None:
+                raise ServerStartError(f"replica host exited {replica.proc.returncode}:\n{replica.log_tail()}")
+            assert time.monotonic() < deadline, f"head never attached the replica host:\n{head.log_tail()}"
+            time.sleep(0.5)
+        fields = {"prompt": "a red fox in snow", "seed": "7", **{k: str(v) for k, v in preset.request_defaults.items()}}
+        resp = requests.post(head.url + "/v1/videos/sync", files={k: (None, v) for k, v in fields.items()}, timeout=300)
+        assert resp.status_code == 200, resp.text[:500]
+        assert decode_mp4(resp.content) == (5, 32, 32)
+        assert "--headless" in replica.log_text().splitlines()[0] and "omni-ext TunedExecutor: 1 worker(s)" in replica.log_text()
+    finally:
+        replica.stop()
+        head.stop()

@@ -17,11 +17,14 @@ import yaml
 from omni_ext.presets.costs import Topology
 
 PRESET_OBJECTIVES = ("latency", "throughput", "balanced")
+#: Launch roles of a multi-host preset (``hosts > 1``): the head (the HTTP endpoint, the queue and
+#: its own local replicas) and a headless replica host (vLLM-Omni 0.30's ``--headless``).
+ROLES = ("head", "replica")
 DEVICE_FAMILIES = ("910b", "cuda", "cpu")
 
 _KEYS = {
     "name", "summary", "model", "device", "count", "objective", "topology", "engine", "env", "stage_env",
-    "flags", "request_defaults", "executor", "scheduler", "additional_config", "launch_script", "notes",
+    "flags", "request_defaults", "executor", "scheduler", "additional_config", "launch_script", "notes", "hosts",
 }
 _REQUIRED = {"name", "summary", "model", "device", "count", "objective", "topology"}
 
@@ -41,6 +44,10 @@ class Preset:
     count: int
     objective: str
     topology: Topology
+    #: Hosts the deployment spans. ``count`` and ``topology`` are per host: every host runs the same
+    #: ``topology.replicas`` whole replicas (vLLM-Omni's multi-machine mode never splits a replica
+    #: over hosts), one host is the head, the others are headless replica hosts.
+    hosts: int = 1
     engine: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     stage_env: dict[str, str] = field(default_factory=dict)
@@ -76,6 +83,7 @@ class Preset:
             count=int(data["count"]),
             objective=str(data["objective"]),
             topology=topology,
+            hosts=int(data.get("hosts") or 1),
             engine=dict(data.get("engine") or {}),
             env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
             stage_env={str(k): str(v) for k, v in (data.get("stage_env") or {}).items()},
@@ -88,6 +96,28 @@ class Preset:
             notes=tuple(str(n) for n in (data.get("notes") or ())),
             path=path,
         )
+
+    @property
+    def total_topology(self) -> Topology:
+        """The whole deployment as one topology: ``hosts x topology.replicas`` replicas of the same shape
+        (what throughput estimates count)."""
+        from dataclasses import replace
+
+        return replace(self.topology, replicas=self.topology.replicas * self.hosts)
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    def launch_scripts(self) -> dict[str | None, str]:
+        """Script file name per launch role: ``{None: launch_script}`` for one host; for several,
+        ``<stem>_head.sh`` and ``<stem>_replica.sh`` (one per role, each host runs its own)."""
+        if not self.launch_script:
+            return {}
+        if not self.multi_host:
+            return {None: self.launch_script}
+        stem = self.launch_script[:-3] if self.launch_script.endswith(".sh") else self.launch_script
+        return {role: f"{stem}_{role}.sh" for role in ROLES}
 
     def replace(self, **changes: Any) -> "Preset":
         from dataclasses import replace

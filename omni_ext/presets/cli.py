@@ -16,7 +16,16 @@ from pathlib import Path
 
 from omni_ext.presets.catalog import Preset, PresetError, get_preset, load_catalog
 from omni_ext.presets.costs import load_cost_table
-from omni_ext.presets.render import FORMATS, RenderOptions, format_cmd, format_rendered, parse_devices, render
+from omni_ext.presets.catalog import ROLES
+from omni_ext.presets.render import (
+    DEFAULT_MASTER_PORT,
+    FORMATS,
+    RenderOptions,
+    format_cmd,
+    format_rendered,
+    parse_devices,
+    render,
+)
 
 SCRIPTS_DIR_DEFAULT = "scripts/launch"
 
@@ -28,6 +37,9 @@ def _options(args: argparse.Namespace) -> RenderOptions:
         port=args.port,
         devices=parse_devices(args.devices) if args.devices else None,
         deploy_path=getattr(args, "deploy_path", None),
+        role=getattr(args, "role", None),
+        master_address=getattr(args, "master_address", None),
+        master_port=getattr(args, "master_port", None) or DEFAULT_MASTER_PORT,
     )
 
 
@@ -47,14 +59,16 @@ def _cmd_list(args: argparse.Namespace) -> int:
     rows = [p for p in catalog.values()
             if (not args.model or p.model == args.model) and (not args.device or p.device == args.device)]
     if args.json:
-        print(json.dumps([{"name": p.name, "model": p.model, "device": p.device, "count": p.count,
+        print(json.dumps([{"name": p.name, "model": p.model, "device": p.device, "count": p.count, "hosts": p.hosts,
                            "objective": p.objective, "topology": p.topology.as_dict(),
                            "launch_script": p.launch_script} for p in rows], indent=2))
         return 0
     width = max((len(p.name) for p in rows), default=10)
     print(f"{'NAME':<{width}}  {'DEVICES':>7}  TOPOLOGY")
     for p in rows:
-        print(f"{p.name:<{width}}  {p.count:>7}  {p.topology.describe()}")
+        devices = f"{p.hosts}x{p.count}" if p.multi_host else str(p.count)
+        per_host = " per host" if p.multi_host else ""
+        print(f"{p.name:<{width}}  {devices:>7}  {p.topology.describe()}{per_host}")
     return 0
 
 
@@ -90,19 +104,20 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def script_text(preset: Preset) -> str:
-    """The launch script for ``preset`` as ``presets write-scripts`` writes it (default options)."""
-    return format_rendered(render(preset, RenderOptions()), "script")
+def script_text(preset: Preset, role: str | None = None) -> str:
+    """The launch script for ``preset`` (and ``role``, on several hosts) as ``presets write-scripts``
+    writes it: default options; the master address is the script's ``$MASTER_ADDR``."""
+    opts = RenderOptions(role=role, master_address="$MASTER_ADDR" if role else None)
+    return format_rendered(render(preset, opts), "script")
 
 
 def _cmd_write_scripts(args: argparse.Namespace) -> int:
     out = Path(args.directory)
     stale = []
-    for preset in load_catalog().values():
-        if not preset.launch_script:
-            continue
-        path = out / preset.launch_script
-        text = script_text(preset)
+    scripts = [(preset, role, name) for preset in load_catalog().values() for role, name in preset.launch_scripts().items()]
+    for preset, role, file_name in scripts:
+        path = out / file_name
+        text = script_text(preset, role)
         current = path.read_text(encoding="utf-8") if path.exists() else None
         if current == text:
             continue
@@ -137,14 +152,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                                 "pipeline topologies: multi-replica Qwen-Image presets would not start",
                                 "reinstall omni-ext so pip records its entry points: pip install -e ."))
         for preset in presets:
-            try:
-                require_valid(preset, costs)
-                model = args.model or validator.stub_model(costs.model(preset.model).pipeline_class)
-                summary = validator.validate(render(preset, RenderOptions(model=model)), costs)
-            except PresetError as exc:
-                checks.append(Check(preset.name, "fail", str(exc)))
-            else:
-                checks.append(Check(preset.name, "ok", f"{summary['channel']}: {preset.topology.describe()}"))
+            # A multi-host preset is one command per role: each is parsed and resolved as that host would.
+            for role in (ROLES if preset.multi_host else (None,)):
+                label = f"{preset.name} --role {role}" if role else preset.name
+                try:
+                    require_valid(preset, costs)
+                    model = args.model or validator.stub_model(costs.model(preset.model).pipeline_class)
+                    opts = RenderOptions(model=model, role=role, master_address="127.0.0.1" if role else None)
+                    summary = validator.validate(render(preset, opts), costs)
+                except PresetError as exc:
+                    checks.append(Check(label, "fail", str(exc)))
+                else:
+                    where = f" per host, {preset.hosts} hosts" if role else ""
+                    checks.append(Check(label, "ok", f"{summary['channel']}: {preset.topology.describe()}{where}"))
     finally:
         validator.close()
     if args.json:
@@ -158,9 +178,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 # plan
 
 
-def _matching_presets(model: str, family: str, count: int, topology: object) -> list[str]:
+def _matching_presets(model: str, family: str, count: int, topology: object, hosts: int = 1) -> list[str]:
     return [p.name for p in load_catalog().values()
-            if p.model == model and p.device == family and p.count == count and p.topology == topology]
+            if p.model == model and p.device == family and p.count == count and p.topology == topology
+            and p.hosts == hosts]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -178,21 +199,27 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         request["steps"] = args.steps
     use_cfg = {"auto": None, "on": True, "off": False}[args.cfg]
     result = plan(args.model, args.device, args.count, args.objective, requests_use_cfg=use_cfg,
-                  request=request or None, costs=costs)
+                  request=request or None, costs=costs, hosts=args.hosts)
     device = costs.device(args.device)
-    presets = _matching_presets(result.model, device.family, args.count, result.topology) if result.feasible else []
+    presets = (_matching_presets(result.model, device.family, args.count, result.topology, args.hosts)
+               if result.feasible else [])
     if args.json:
         print(json.dumps({**result.as_dict(), "presets": presets}, indent=2))
         return 0 if result.feasible else 1
     spec = costs.model(result.model)
-    print(f"{spec.label} on {args.count} x {device.label}, objective {args.objective}"
+    hosts = f"{args.hosts} hosts x " if args.hosts > 1 else ""
+    print(f"{spec.label} on {hosts}{args.count} x {device.label}, objective {args.objective}"
           f"{' (= balanced)' if args.objective == 'auto' else ''}")
     print(f"requests: {'with' if result.requests_use_cfg else 'without'} CFG")
     if not result.feasible:
         print("no topology: " + result.reasons[0])
         return 1
     topo = result.topology
-    print(f"topology: {topo.describe()}  ({topo.devices} device(s), {topo.ranks_per_replica} per replica)")
+    if args.hosts > 1:
+        print(f"topology: {topo.describe()} per host  ({topo.devices} device(s) on each of {args.hosts} hosts, "
+              f"{topo.ranks_per_replica} per replica)")
+    else:
+        print(f"topology: {topo.describe()}  ({topo.devices} device(s), {topo.ranks_per_replica} per replica)")
     print("why:")
     for line in result.reasons:
         print(f"  - {line}")
@@ -201,7 +228,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"memory: {result.rank_memory_gb:.1f} GB per rank of {result.usable_memory_gb:.1f} GB usable (estimate)")
     if result.env:
         print("env: " + " ".join(f"{k}={v}" for k, v in result.env.items()))
-    if presets:
+    if presets and args.hosts > 1:
+        print("preset: " + ", ".join(presets) + f"  (head: omni-ext serve --preset {presets[0]} --role head "
+              f"--master-address ADDR --model PATH; every other host: the same with --role replica)")
+    elif presets:
         print("preset: " + ", ".join(presets) + f"  (omni-ext serve --preset {presets[0]} --model PATH)")
     else:
         print("preset: none in the catalog for this model, device family and count")
@@ -269,6 +299,11 @@ def _launch_args(p: argparse.ArgumentParser, model_required: bool = False) -> No
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--devices", help="physical devices to use, e.g. 0-7 or 0,1,4,5 (sets the visible-devices variable)")
     p.add_argument("--deploy-path", help="where the deploy YAML is (cmd) or is written (serve)")
+    p.add_argument("--role", choices=ROLES, help="multi-host presets: this host's role, head (the endpoint) or "
+                                                 "replica (headless, every other host)")
+    p.add_argument("--master-address", help="multi-host presets: the head host's address as every host reaches it")
+    p.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT,
+                   help=f"multi-host presets: the head's master port (default {DEFAULT_MASTER_PORT})")
 
 
 def _guard(func):
@@ -317,7 +352,9 @@ def add_subcommands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="choose replicas x CFG x Ulysses x TP for a model on N devices, with estimates")
     p.add_argument("--model", required=True, help="e.g. wan2.1-t2v-1.3b, wan2.1-t2v-14b, wan2.2-t2v-a14b, qwen-image")
     p.add_argument("--device", required=True, help="e.g. 910b3, 910b4, 4090, h100, cpu")
-    p.add_argument("--count", type=int, required=True, help="number of devices")
+    p.add_argument("--count", type=int, required=True, help="number of devices (per host with --hosts)")
+    p.add_argument("--hosts", type=int, default=1, help="hosts with --count devices each, one endpoint "
+                                                        "(a head and headless replica hosts)")
     p.add_argument("--objective", choices=OBJECTIVES, default="auto")
     p.add_argument("--cfg", choices=("auto", "on", "off"), default="auto",
                    help="whether requests run CFG (auto: the model's default request; Qwen-Image only with negative_prompt)")

@@ -137,6 +137,54 @@ class Anchor:
 
 
 @dataclass(frozen=True)
+class LayoutChoice:
+    """N replicas or one TunedExecutor with N data-parallel groups, on one host (``one_host_layout``).
+
+    Why a table entry and not a rule in code: the choice must follow figures measured on a real host
+    (``omni-ext bench serving``); until both are there the ``default`` stands, for ``reason``.
+    """
+
+    source: str
+    replicas_per_hour: float | None
+    dp_groups_per_hour: float | None
+    default: str = "replicas"
+    reason: str = ""
+    tie: float = 0.02
+
+    @property
+    def measured(self) -> bool:
+        return self.replicas_per_hour is not None and self.dp_groups_per_hour is not None
+
+    @property
+    def choice(self) -> str:
+        """``"replicas"`` or ``"dp-groups"``: the measured winner (replicas within ``tie``), else ``default``."""
+        if not self.measured:
+            return self.default
+        assert self.replicas_per_hour is not None and self.dp_groups_per_hour is not None
+        if self.dp_groups_per_hour > self.replicas_per_hour * (1.0 + self.tie):
+            return "dp-groups"
+        return "replicas"
+
+    def why(self, groups: int) -> str:
+        """The planner's one line: which layout, the figures (or that they are a placeholder) and the reason."""
+        if self.measured:
+            figures = (f"measured {self.replicas_per_hour:g}/h as replicas vs {self.dp_groups_per_hour:g}/h as "
+                       f"data-parallel groups ({self.source})")
+        else:
+            figures = f"not measured yet: PLACEHOLDER for {self.source}, so the default stands"
+        if self.choice == "replicas":
+            head = (f"{groups} replicas, each its own TunedExecutor, not one TunedExecutor with data_parallel_size "
+                    f"{groups}")
+        else:
+            head = f"one TunedExecutor with data_parallel_size {groups}, not {groups} replicas"
+        return f"{head}: {figures}; {self.reason}"
+
+
+_NO_LAYOUT = LayoutChoice(source="no one_host_layout entry in costs.yaml", replicas_per_hour=None,
+                          dp_groups_per_hour=None, reason="replicas isolate failures")
+
+
+@dataclass(frozen=True)
 class CostTable:
     memory_headroom: float
     timeouts: dict[str, Any]
@@ -147,6 +195,7 @@ class CostTable:
     anchors: tuple[Anchor, ...]
     speedups: dict[str, dict[str, Figure]]
     replica_efficiency: dict[str, dict[int, Figure]] = field(default_factory=dict)
+    one_host_layout: LayoutChoice = _NO_LAYOUT
 
     def device(self, name: str) -> DeviceSpec:
         key = self.device_aliases.get(str(name).lower(), str(name).lower())
@@ -220,7 +269,20 @@ def parse_cost_table(raw: dict[str, Any]) -> CostTable:
         anchors=tuple(anchors),
         speedups=speedups,
         replica_efficiency=replica,
+        one_host_layout=_layout(raw.get("one_host_layout")),
     )
+
+
+def _layout(data: dict[str, Any] | None) -> LayoutChoice:
+    if not data:
+        return _NO_LAYOUT
+    rate = lambda key: None if data.get(key) is None else float(data[key])  # noqa: E731
+    choice = LayoutChoice(source=str(data["source"]), replicas_per_hour=rate("replicas_per_hour"),
+                          dp_groups_per_hour=rate("dp_groups_per_hour"), default=str(data.get("default", "replicas")),
+                          reason=str(data.get("reason", "")))
+    if choice.default not in ("replicas", "dp-groups"):
+        raise ValueError(f"one_host_layout.default must be replicas or dp-groups, got {choice.default!r}")
+    return choice
 
 
 @lru_cache(maxsize=1)

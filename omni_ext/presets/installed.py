@@ -63,6 +63,34 @@ def registry_problems(by_class: set[str], costs: CostTable | None = None) -> lis
     return problems
 
 
+def role_problems(rendered: Rendered, args: Any) -> list[str]:
+    """Where a parsed host command of a multi-host preset is not the host it should be.
+
+    vLLM-Omni's resolver does not see the multi-machine flags (they are read when the runtime
+    starts), so they are checked on the parsed namespace: stage 0 on every host, this host's
+    replica count as ``--omni-dp-size-local`` (the head's ``DistStageRuntime`` and a replica host's
+    ``run_headless`` take the local replica count from it, not from the deploy YAML), and a replica
+    host headless with the ``multi_process`` worker backend (``run_headless`` refuses anything else).
+    A one-host launch must carry none of them.
+    """
+    preset = rendered.preset
+    got = {"stage_id": getattr(args, "stage_id", None), "headless": bool(getattr(args, "headless", False)),
+           "omni_dp_size_local": int(getattr(args, "omni_dp_size_local", 1) or 1),
+           "omni_master_address": getattr(args, "omni_master_address", None)}
+    if rendered.role is None:
+        if got["stage_id"] is not None or got["headless"] or got["omni_master_address"] is not None:
+            return [f"a one-host launch in multi-machine mode: {got}"]
+        return []
+    want = {"stage_id": 0, "headless": rendered.headless, "omni_dp_size_local": preset.topology.replicas}
+    problems = [f"{key}: {got[key]!r}, want {value!r} ({rendered.role} of {preset.hosts} hosts)"
+                for key, value in want.items() if got[key] != value]
+    if not got["omni_master_address"] or getattr(args, "omni_master_port", None) is None:
+        problems.append("no --omni-master-address/--omni-master-port: the host cannot reach the head")
+    if rendered.headless and getattr(args, "worker_backend", None) != "multi_process":
+        problems.append(f"worker_backend {getattr(args, 'worker_backend', None)!r}: headless needs multi_process")
+    return problems
+
+
 class OmniValidator:
     """Parses rendered launches with ``vllm-omni serve``'s own parser and resolves them with its config loader.
 
@@ -141,7 +169,10 @@ class OmniValidator:
             path = Path(self._tmp.name) / f"{preset.name}.yaml"
             path.write_text(yaml.safe_dump(rendered.deploy, sort_keys=False))
             flags[flags.index("--deploy-config") + 1] = str(path)
-        args = self.parse(["serve", model, "--omni", "--host", rendered.host, "--port", str(rendered.port), *flags])
+        launch = rendered.argv[1:]
+        launch[1] = model
+        launch[launch.index("--omni") + 1 + (1 if rendered.headless else 4):] = flags
+        args = self.parse(launch)
         kwargs = args.get_explicit_kwargs_dict()
         kwargs.pop("model", None)
         kwargs.pop("model_tag", None)
@@ -206,6 +237,7 @@ class OmniValidator:
         resolved_extra = dict(getattr(diff, "additional_config", None) or {})
         if resolved_extra != extra:
             problems.append(f"additional_config {resolved_extra} (omni-ext's scheduler options), want {extra}")
+        problems += role_problems(rendered, args)
         if problems:
             raise PresetError(f"{preset.name}: vLLM-Omni resolves a different deployment:\n  - " + "\n  - ".join(problems))
         return {"name": preset.name, "channel": rendered.channel, "resolved": got, "world_size": par.world_size,

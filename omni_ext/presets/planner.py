@@ -73,6 +73,11 @@ class Plan:
     usable_memory_gb: float | None
     env: dict[str, str]
     alternatives: list[dict[str, Any]] = field(default_factory=list)
+    #: Hosts with ``count`` devices each; ``topology`` is per host (every host runs the same replicas).
+    hosts: int = 1
+    #: One host's groups as ``"replicas"`` or ``"dp-groups"`` (one TunedExecutor with data_parallel_size);
+    #: None where the TunedExecutor does not apply or there is one group.
+    layout: str | None = None
 
     @property
     def feasible(self) -> bool:
@@ -93,6 +98,8 @@ class Plan:
             "usable_memory_gb": None if self.usable_memory_gb is None else round(self.usable_memory_gb, 1),
             "env": self.env,
             "alternatives": self.alternatives,
+            "hosts": self.hosts,
+            "layout": self.layout,
         }
 
 
@@ -336,13 +343,21 @@ def plan(
     requests_use_cfg: bool | None = None,
     request: dict[str, Any] | None = None,
     costs: CostTable | None = None,
+    hosts: int = 1,
 ) -> Plan:
-    """Pick the topology for ``objective`` and explain each axis in one line."""
+    """Pick the topology for ``objective`` and explain each axis in one line.
+
+    With ``hosts > 1`` the topology is per host (``count`` devices each): vLLM-Omni 0.30's
+    multi-machine mode runs whole replicas on each host behind one head, so a request never spans
+    hosts; the choice is the one-host choice, and throughput counts every host's replicas.
+    """
     costs = costs or load_cost_table()
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}")
     if count < 1:
         raise ValueError("count must be >= 1")
+    if hosts < 1:
+        raise ValueError("hosts must be >= 1")
     goal = "balanced" if objective == "auto" else objective
     model = costs.model(model_name)
     device = costs.device(device_name)
@@ -358,7 +373,7 @@ def plan(
             f"on {device.label}; use more devices, a larger device, or vLLM-Omni offload (--enable-layerwise-offload)"
         )
         return Plan(model.key, device.key, count, objective, use_cfg, None, None, reasons,
-                    model.rank_memory_gb(biggest), usable, {})
+                    model.rank_memory_gb(biggest), usable, {}, hosts=hosts)
 
     candidates: list[tuple[Topology, Estimate]] = []
     for cfg in ((1, 2) if use_cfg else (1,)):
@@ -367,13 +382,18 @@ def plan(
             if group > count:
                 continue
             topo = Topology(replicas=count // group, cfg=cfg, ulysses=u, tp=tp)
-            candidates.append((topo, estimate(model, device, topo, requests_use_cfg=use_cfg, request=request, costs=costs)))
+            everywhere = Topology(replicas=hosts * topo.replicas, cfg=cfg, ulysses=u, tp=tp)
+            candidates.append((topo, estimate(model, device, everywhere, requests_use_cfg=use_cfg, request=request,
+                                              costs=costs)))
     best = candidates[0]
     for cand in candidates[1:]:
         if _better(goal, cand, best):
             best = cand
     topo, est = best
     reasons.extend(_explain(costs, model, device, count, goal, use_cfg, topo, est, candidates))
+    layout = _layout(costs, model, topo, reasons)
+    if hosts > 1:
+        reasons.append(_hosts_line(hosts, topo))
     env = costs.timeout_env(est.latency_s)
     alternatives = [
         {"topology": t.as_dict(), "latency_s": None if e.latency_s is None else round(e.latency_s, 1),
@@ -381,7 +401,34 @@ def plan(
         for t, e in candidates if t != topo
     ]
     return Plan(model.key, device.key, count, objective, use_cfg, topo, est, reasons,
-                model.rank_memory_gb(tp), usable, env, alternatives)
+                model.rank_memory_gb(tp), usable, env, alternatives, hosts=hosts, layout=layout)
+
+
+def _layout(costs: CostTable, model: ModelSpec, topo: Topology, reasons: list[str]) -> str | None:
+    """Where omni-ext's TunedExecutor runs the topology: say so, and for several groups on one host, say
+    whether they are replicas or one executor's data-parallel groups and why (``one_host_layout``)."""
+    from omni_ext.presets.validate import tuned_refusal
+
+    refusal = tuned_refusal(model, topo)
+    if refusal is not None:
+        reasons.append(f"Executor: vLLM-Omni's own; omni-ext's TunedExecutor does not apply: {refusal}")
+        return None
+    if topo.replicas == 1:
+        reasons.append("Executor: omni-ext's TunedExecutor (--distributed-executor-backend "
+                       "omni_ext.executor.TunedExecutor): its scheduler orders the queue and a CFG-free request "
+                       "takes one rank of a CFG group")
+        return None
+    choice = costs.one_host_layout
+    reasons.append(f"Executor: omni-ext's TunedExecutor; {choice.why(topo.replicas)}")
+    return choice.choice
+
+
+def _hosts_line(hosts: int, topo: Topology) -> str:
+    total = hosts * topo.replicas
+    return (f"Hosts {hosts}: one endpoint, the head (--stage-id 0, {topo.replicas} local replica(s)), and {hosts - 1} "
+            f"headless replica host(s) (--headless, {topo.replicas} each): {total} replicas; the head keeps the queue "
+            f"and binds each request to a replica when it can start there, and a lost host fails only its own jobs; "
+            f"a replica never spans hosts, so latency is one host's and throughput {hosts}x")
 
 
 def _explain(

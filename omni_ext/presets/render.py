@@ -24,11 +24,13 @@ from typing import Any
 import yaml
 
 from omni_ext.models.families import FAMILIES, cost_units, family_of
-from omni_ext.presets.catalog import Preset, PresetError
+from omni_ext.presets.catalog import ROLES, Preset, PresetError
 from omni_ext.presets.costs import CostTable, load_cost_table
 from omni_ext.presets.pipelines import OMNI_EXT_PIPELINES
 
 FORMATS = ("cmd", "yaml", "env", "script")
+#: ``--omni-master-port`` when the operator names none (vLLM-Omni 0.30 has no default for it).
+DEFAULT_MASTER_PORT = 29555
 
 #: Pipelines whose family vLLM-Omni 0.30 registers a topology for (so a deploy YAML is honoured):
 #: the family table's ``topology == "registered"``. :mod:`omni_ext.presets.installed` checks the
@@ -75,11 +77,17 @@ class RenderOptions:
     devices: list[int] | None = None
     deploy_path: str | None = None
     executable: str = "vllm-omni"
+    #: Multi-host presets only: ``"head"`` or ``"replica"`` (:data:`omni_ext.presets.catalog.ROLES`),
+    #: and the head's address and master port, which every host's command names.
+    role: str | None = None
+    master_address: str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
 
 
 @dataclass
 class Rendered:
-    """A rendered launch. ``flags`` are everything after ``--omni`` except host and port."""
+    """A rendered launch. ``flags`` are everything after ``--omni`` except host and port (and
+    ``--headless``, which :attr:`argv` puts first for a replica host: it has no HTTP endpoint)."""
 
     preset: Preset
     model: str
@@ -92,9 +100,16 @@ class Rendered:
     channel: str
     executable: str = "vllm-omni"
     notes: list[str] = field(default_factory=list)
+    role: str | None = None
+
+    @property
+    def headless(self) -> bool:
+        return self.role == "replica"
 
     @property
     def argv(self) -> list[str]:
+        if self.headless:
+            return [self.executable, "serve", self.model, "--omni", "--headless", *self.flags]
         return [self.executable, "serve", self.model, "--omni", "--host", self.host, "--port", str(self.port), *self.flags]
 
 
@@ -265,6 +280,37 @@ def cli_flags(preset: Preset, costs: CostTable | None = None) -> list[str]:
     return flags
 
 
+def multi_host_flags(preset: Preset, role: str, master_address: str, master_port: int) -> list[str]:
+    """vLLM-Omni 0.30's multi-machine flags for one host of ``preset``.
+
+    Every host runs stage 0 (``--stage-id 0``) and names the head's master address and port; the
+    head starts the master there, a replica host registers with it. ``--omni-dp-size-local`` is how
+    many replicas this host runs: vLLM-Omni sets the local stage's ``num_replicas`` from it (head:
+    ``DistStageRuntime._validate_single_stage_mode_replica_constraints``) and splits the deploy
+    YAML's ``devices`` into that many groups (replica host: ``get_headless_replica_devices``), so it
+    equals the deploy YAML's ``num_replicas``. A replica host needs ``--worker-backend
+    multi_process`` (``run_headless`` refuses anything else).
+    """
+    if role not in ROLES:
+        raise PresetError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    flags = ["--stage-id", "0", "--omni-master-address", master_address, "--omni-master-port", str(master_port),
+             "--omni-dp-size-local", str(preset.topology.replicas)]
+    if role == "replica":
+        flags += ["--worker-backend", "multi_process"]
+    return flags
+
+
+def role_notes(preset: Preset, role: str) -> list[str]:
+    """What the operator of one host must know: start order, which address, what the head logs."""
+    others = preset.hosts - 1
+    if role == "head":
+        return [f"head of {preset.hosts} hosts: the HTTP endpoint; it keeps the queue and binds each request to a replica "
+                f"when it can start there (its own {preset.topology.replicas} and those of {others} replica host(s)); "
+                "start it first, then each replica host; it logs 'attached remote replica' as one joins"]
+    return [f"replica host (one of {others}): no HTTP endpoint; start it after the head, with the head's address "
+            "reachable from this host as --master-address; the head fails only this host's jobs if it goes away"]
+
+
 def render(preset: Preset, options: RenderOptions | None = None, costs: CostTable | None = None) -> Rendered:
     """Render ``preset``; raises :class:`PresetError` when the options cannot work (e.g. too few devices)."""
     costs = costs or load_cost_table()
@@ -275,6 +321,14 @@ def render(preset: Preset, options: RenderOptions | None = None, costs: CostTabl
                           f"(make one with `omni-ext make-tiny-model ...`)")
     env = dict(preset.env)
     notes: list[str] = []
+    if preset.multi_host and opts.role is None:
+        raise PresetError(f"preset {preset.name} spans {preset.hosts} hosts: render one command per host with "
+                          f"--role head (the endpoint) or --role replica (every other host) and --master-address ADDR")
+    if not preset.multi_host and opts.role is not None:
+        raise PresetError(f"preset {preset.name} runs on one host; --role is for multi-host presets (hosts > 1)")
+    if preset.multi_host and not opts.master_address:
+        raise PresetError(f"preset {preset.name} spans {preset.hosts} hosts: pass --master-address, the head host's "
+                          "address as every host reaches it")
     if opts.devices is not None:
         if len(opts.devices) < preset.topology.devices:
             raise PresetError(
@@ -301,9 +355,13 @@ def render(preset: Preset, options: RenderOptions | None = None, costs: CostTabl
         env.update(preset.stage_env)
         notes.append("configured by CLI flags: vLLM-Omni 0.30 ignores deploy YAML content for this model "
                      "(generic diffusion fallback); per-stage env is set on the process instead")
+    if opts.role is not None:
+        assert opts.master_address is not None
+        flags += multi_host_flags(preset, opts.role, opts.master_address, int(opts.master_port))
+        notes += role_notes(preset, opts.role)
     flags += list(preset.flags)
     return Rendered(preset, model, opts.host, int(opts.port), flags, env, deploy, deploy_path, channel,
-                    opts.executable, notes)
+                    opts.executable, notes, opts.role)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,11 +393,20 @@ def format_script(rendered: Rendered, costs: CostTable | None = None) -> str:
     p = rendered.preset
     platform = costs.platform(p.device)
     var = visible_devices_env(p, costs)
+    role = rendered.role
+    render_cmd = f"omni-ext presets render {p.name}" + (f" --role {role}" if role else "") + " --format script"
     out = [
         "#!/usr/bin/env bash",
         f"# omni-ext preset {p.name}: {p.summary}",
-        f"# Topology: {p.topology.describe()} = {p.topology.devices} device(s).",
-        f"# Generated by `omni-ext presets render {p.name} --format script`. Do not edit: change",
+    ]
+    if role is not None:
+        out += [f"# Role: {role} of {p.hosts} hosts; on this host: {p.topology.describe()} = {p.topology.devices} device(s).",
+                *(f"# {line}" for line in role_notes(p, role)),
+                "# MASTER_ADDR (required): the head host's address as every host reaches it; MASTER_PORT: its master port."]
+    else:
+        out.append(f"# Topology: {p.topology.describe()} = {p.topology.devices} device(s).")
+    out += [
+        f"# Generated by `{render_cmd}`. Do not edit: change",
         f"# omni_ext/presets/catalog/{p.name}.yaml and regenerate (`omni-ext presets write-scripts scripts/launch`);",
         "# tests/test_presets.py fails when the two disagree.",
         f"# Check the host first: omni-ext doctor --preset {p.name}",
@@ -362,8 +429,12 @@ def format_script(rendered: Rendered, costs: CostTable | None = None) -> str:
         ]
     out.append("set -euo pipefail")
     out.append(f'MODEL="${{MODEL:-{rendered.model}}}"')
-    out.append(f'HOST="${{HOST:-{rendered.host}}}"')
-    out.append(f'PORT="${{PORT:-{rendered.port}}}"')
+    if not rendered.headless:
+        out.append(f'HOST="${{HOST:-{rendered.host}}}"')
+        out.append(f'PORT="${{PORT:-{rendered.port}}}"')
+    if role is not None:
+        out.append('MASTER_ADDR="${MASTER_ADDR:?set MASTER_ADDR to the address of the head host}"')
+        out.append(f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_MASTER_PORT}}}"')
     env = dict(rendered.env)
     if var:
         devices = env.pop(var, ",".join(str(i) for i in range(p.topology.devices)))
@@ -378,8 +449,12 @@ def format_script(rendered: Rendered, costs: CostTable | None = None) -> str:
         out.append("YAML")
         idx = flags.index("--deploy-config")
         flags[idx + 1] = "$DEPLOY_CONFIG"
-    quoted = ['"$DEPLOY_CONFIG"' if f == "$DEPLOY_CONFIG" else shlex.quote(f) for f in flags]
-    line = 'exec vllm-omni serve "$MODEL" --omni --host "$HOST" --port "$PORT"'
+    if role is not None:
+        flags[flags.index("--omni-master-address") + 1] = "$MASTER_ADDR"
+        flags[flags.index("--omni-master-port") + 1] = "$MASTER_PORT"
+    variables = {"$DEPLOY_CONFIG", "$MASTER_ADDR", "$MASTER_PORT"}
+    quoted = [f'"{f}"' if f in variables else shlex.quote(f) for f in flags]
+    line = 'exec vllm-omni serve "$MODEL" --omni ' + ("--headless" if rendered.headless else '--host "$HOST" --port "$PORT"')
     out.append(" \\\n  ".join([line, *_pair(quoted), '"$@"']))
     return "\n".join(out) + "\n"
 

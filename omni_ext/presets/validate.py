@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from omni_ext.presets.catalog import DEVICE_FAMILIES, PRESET_OBJECTIVES, Preset, PresetError
-from omni_ext.presets.costs import CostTable, DeviceSpec, load_cost_table
+from omni_ext.presets.costs import CostTable, DeviceSpec, ModelSpec, Topology, load_cost_table
 from omni_ext.presets.render import ENGINE_FLAGS, parse_size
 from omni_ext.scheduler.config import scheduler_config
 
@@ -40,6 +40,11 @@ RENDERED_FLAGS = {"--omni", "--host", "--port", "--deploy-config", "--stage-over
                   "-tp", "--vae-patch-parallel-size", "--distributed-executor-backend", "--additional-config"}
 NPU_ENV = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TASK_QUEUE_ENABLE": None, "PYTORCH_NPU_ALLOC_CONF": None}
 OFFLOAD_KEYS = ("enable_cpu_offload", "enable_layerwise_offload")
+#: omni-ext's executor (``--distributed-executor-backend`` / deploy YAML ``distributed_executor_backend``).
+TUNED_EXECUTOR = "omni_ext.executor.TunedExecutor"
+#: Flags of vLLM-Omni's multi-machine mode: the renderer sets them from ``hosts`` and the launch role.
+MULTI_HOST_FLAGS = {"--stage-id", "--omni-master-address", "-oma", "--omni-master-port", "-omp", "--headless",
+                    "--omni-dp-size-local", "--worker-backend"}
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,49 @@ def preset_estimate(preset: Preset, costs: CostTable | None = None) -> tuple[Dev
 
     costs = costs or load_cost_table()
     device = costs.reference_device(preset.device)
-    est = estimate(costs.model(preset.model), device, preset.topology, requests_use_cfg=requests_use_cfg(preset, costs),
+    # Every host's replicas serve requests: throughput counts them all; latency is one replica's.
+    est = estimate(costs.model(preset.model), device, preset.total_topology, requests_use_cfg=requests_use_cfg(preset, costs),
                    request=planner_request(preset), costs=costs)
     return device, est
+
+
+def tuned_executor_refusal(preset: Preset, costs: CostTable | None = None) -> str | None:
+    """Why omni-ext's TunedExecutor does not apply to ``preset`` (None: it does, and the preset should select it).
+
+    The refusals of ``TunedExecutor._init_executor`` (``omni_ext/executor/tuned.py``: CFG 1 or 2 and
+    data parallel only; no tensor, sequence or pipeline parallel; no step execution), kept here as
+    pure rules so a preset is checked without vLLM, plus the family table's ``tuned_class``: only
+    families with omni-ext's tuned pipeline (Wan2.1/2.2 T2V, Qwen-Image) gain from it. A preset
+    that selected it where it refuses would not start at all.
+    """
+    costs = costs or load_cost_table()
+    return tuned_refusal(costs.model(preset.model), preset.topology, preset.engine)
+
+
+def tuned_refusal(spec: ModelSpec, topo: Topology, engine: dict[str, Any] | None = None) -> str | None:
+    """:func:`tuned_executor_refusal` for a model and topology (what the planner has before any preset)."""
+    family = spec.family
+    if family is None or family.tuned_class is None:
+        return f"{spec.label} has no omni-ext tuned pipeline (omni_ext/models/families.py tuned_class)"
+    if topo.tp > 1:
+        return (f"it refuses tensor parallel (tensor_parallel_size={topo.tp}; CFG and data parallel only, "
+                "omni_ext/executor/tuned.py), so vLLM-Omni's own executor runs this preset")
+    if topo.ulysses * topo.ring > 1:
+        return (f"it refuses sequence parallel (Ulysses {topo.ulysses} x Ring {topo.ring}; CFG and data parallel only, "
+                "omni_ext/executor/tuned.py), so vLLM-Omni's own executor runs this preset")
+    if topo.cfg > 2:
+        return f"it runs cfg_parallel_size 1 or 2, not {topo.cfg}"
+    if topo.vae_patch > 1:
+        return "its worker groups are CFG and data-parallel groups only, without VAE patch parallel"
+    if (engine or {}).get("step_execution"):
+        return "it runs whole requests and refuses step execution"
+    return None
+
+
+def expected_name(preset: Preset) -> str:
+    """``<model>.<device>.x<count>.<objective>``, or ``<model>.<device>.<hosts>x<count>.<objective>`` across hosts."""
+    count = f"{preset.hosts}x{preset.count}" if preset.hosts > 1 else f"x{preset.count}"
+    return f"{preset.model}.{preset.device}.{count}.{preset.objective}"
 
 
 def check_qualname(qualname: str, base: str) -> str | None:
@@ -117,10 +162,12 @@ def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
         return issues
     if preset.objective not in PRESET_OBJECTIVES:
         err(f"objective must be one of {', '.join(PRESET_OBJECTIVES)}, got {preset.objective!r}")
-    expected_name = f"{preset.model}.{preset.device}.x{preset.count}.{preset.objective}"
-    variant = preset.name[len(expected_name) + 1:] if preset.name.startswith(expected_name + ".") else ""
-    if preset.name != expected_name and not (variant.isidentifier() and variant.islower()):
-        err(f"name {preset.name!r} should be {expected_name!r} (<model>.<device>.x<count>.<objective>[.<variant>])")
+    want = expected_name(preset)
+    variant = preset.name[len(want) + 1:] if preset.name.startswith(want + ".") else ""
+    if preset.name != want and not (variant.isidentifier() and variant.islower()):
+        err(f"name {preset.name!r} should be {want!r} (<model>.<device>.[<hosts>]x<count>.<objective>[.<variant>])")
+    if preset.hosts < 1:
+        err(f"hosts must be >= 1, got {preset.hosts}")
     spec = costs.model(preset.model)
     topo = preset.topology
     platform = costs.platform(preset.device)
@@ -173,7 +220,7 @@ def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
         flag = token.split("=", 1)[0]
         if flag in FORBIDDEN_FLAGS:
             err(f"flag {flag}: {FORBIDDEN_FLAGS[flag]}")
-        elif flag in RENDERED_FLAGS:
+        elif flag in RENDERED_FLAGS or flag in MULTI_HOST_FLAGS:
             err(f"flag {flag} is set by the renderer from topology/engine/request_defaults; remove it from flags")
     if platform == "npu":
         for key, value in NPU_ENV.items():
@@ -212,7 +259,13 @@ def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
                     f"{costs.timeouts['default_s']} s default: set env {var}={value} (now {have or 'unset'}); "
                     "a forward past VLLM_OMNI_DLO_DP_WAVE_TIMEOUT kills the whole worker group")
 
-    # optional executor / scheduler (later issues); must import when set
+    # executor: omni-ext's TunedExecutor wherever it applies, never where it would refuse to start
+    refusal = tuned_executor_refusal(preset, costs)
+    if preset.executor == TUNED_EXECUTOR and refusal:
+        err(f"executor: the TunedExecutor would refuse to start: {refusal}")
+    elif preset.executor is None and refusal is None:
+        warn(f"the TunedExecutor applies to this preset: select it (executor: {TUNED_EXECUTOR})")
+    # optional executor / scheduler: must import when set
     if preset.executor:
         why = check_qualname(preset.executor, "vllm_omni.diffusion.executor.abstract.DiffusionExecutor")
         if why:

@@ -29,6 +29,7 @@ export TASK_QUEUE_ENABLE=2
 export TOKENIZERS_PARALLELISM=false
 export VLLM_WORKER_MULTIPROC_METHOD=spawn
 exec vllm-omni serve "$MODEL" --omni --host "$HOST" --port "$PORT" \
+  --distributed-executor-backend omni_ext.executor.TunedExecutor \
   --additional-config '{"omni_ext":{"scheduler":{"seconds_per_unit":0.000118}}}' \
   --default-sampling-params '{"0":{"width":1024,"height":1024,"num_inference_steps":50,"true_cfg_scale":4.0}}' \
   "$@"

@@ -31,6 +31,7 @@ export VLLM_WORKER_MULTIPROC_METHOD=spawn
 DEPLOY_CONFIG="${DEPLOY_CONFIG:-${TMPDIR:-/tmp}/omni-ext-wan2.1-t2v-1.3b.910b.x2.latency.yaml}"
 cat > "$DEPLOY_CONFIG" <<'YAML'
 async_chunk: false
+distributed_executor_backend: omni_ext.executor.TunedExecutor
 stages:
 - stage_id: 0
   num_replicas: 1

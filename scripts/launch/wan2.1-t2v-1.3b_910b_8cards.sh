@@ -8,6 +8,7 @@
 # Request: POST /v1/videos (multipart) prompt=... size=832x480 num_frames=81 fps=16 num_inference_steps=50 guidance_scale=4.0
 # Send these fields with every request: a front end may fill missing ones with the model's native 832x480x81 defaults instead of this server's.
 # Send num_frames and fps, not seconds: stock vLLM-Omni turns seconds into seconds x 24 frames.
+# Note: Each replica runs omni-ext's TunedExecutor and omni-ext's cost-aware dispatch binds each request to a replica when it can start there; replicas rather than one TunedExecutor with data_parallel_size 4: a lost replica fails only its own jobs (the planner's reason and figures: costs.yaml one_host_layout).
 
 # CANN must be sourced before torch_npu is imported.
 if [ -z "${ASCEND_TOOLKIT_HOME:-}" ] && [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then
@@ -31,6 +32,7 @@ export VLLM_WORKER_MULTIPROC_METHOD=spawn
 DEPLOY_CONFIG="${DEPLOY_CONFIG:-${TMPDIR:-/tmp}/omni-ext-wan2.1-t2v-1.3b.910b.x8.throughput.yaml}"
 cat > "$DEPLOY_CONFIG" <<'YAML'
 async_chunk: false
+distributed_executor_backend: omni_ext.executor.TunedExecutor
 stages:
 - stage_id: 0
   num_replicas: 4
