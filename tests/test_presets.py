@@ -38,7 +38,7 @@ from omni_ext.presets.render import (
     request_hint,
     scheduler_seed,
 )
-from omni_ext.presets.validate import TUNED_EXECUTOR, check_preset, tuned_executor_refusal
+from omni_ext.presets.validate import TUNED_EXECUTOR, check_preset, check_qualname, tuned_executor_refusal
 from omni_ext.scheduler.config import scheduler_config
 from omni_ext.server_process import ServeProcess
 from tests.media import decode_mp4, decode_png
@@ -220,6 +220,8 @@ def test_the_tuned_executor_is_selected_wherever_it_applies_and_nowhere_else() -
         if refusal is not None:  # the preset says why vLLM-Omni's own executor runs it
             assert preset.executor is None and preset.notes[0] == f"No TunedExecutor: {refusal}.", preset.name
     assert CATALOG["wan2.1-t2v-1.3b.910b.x8.throughput"].executor == TUNED_EXECUTOR
+    # the static rules only look for its module (no vLLM import); here the class itself imports and is an executor
+    assert check_qualname(TUNED_EXECUTOR, "vllm_omni.diffusion.executor.abstract.DiffusionExecutor") is None
     assert CATALOG["qwen-image-2512.910b.x1.balanced"].executor == TUNED_EXECUTOR
     assert "sequence parallel" in tuned_executor_refusal(CATALOG["qwen-image.910b.x8.latency"])
     assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"])

@@ -93,6 +93,13 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _role_args(args: argparse.Namespace) -> str:
+    """The multi-host options of ``args`` as they must be repeated in a follow-up command."""
+    if not getattr(args, "role", None):
+        return ""
+    return f" --role {args.role} --master-address {args.master_address}"
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     preset = get_preset(args.name)
     _print_warnings(preset)
@@ -100,7 +107,8 @@ def _cmd_render(args: argparse.Namespace) -> int:
     sys.stdout.write(format_rendered(rendered, args.format))
     if args.format == "cmd" and rendered.deploy_path:
         print(f"# the command reads {rendered.deploy_path}: write it with "
-              f"`omni-ext presets render {preset.name} --format yaml > {rendered.deploy_path}`", file=sys.stderr)
+              f"`omni-ext presets render {preset.name}{_role_args(args)} --format yaml > {rendered.deploy_path}`",
+              file=sys.stderr)
     return 0
 
 

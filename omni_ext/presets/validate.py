@@ -11,6 +11,7 @@ installed vLLM-Omni accepts the rendered command and resolves the topology the p
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -266,7 +267,12 @@ def check_preset(preset: Preset, costs: CostTable | None = None) -> list[Issue]:
     elif preset.executor is None and refusal is None:
         warn(f"the TunedExecutor applies to this preset: select it (executor: {TUNED_EXECUTOR})")
     # optional executor / scheduler: must import when set
-    if preset.executor:
+    if preset.executor == TUNED_EXECUTOR:
+        # omni-ext's own: importing it imports vLLM (~10 s, for every `presets render` and `serve`);
+        # that its module is installed is enough here, tests/test_presets.py imports the class itself.
+        if importlib.util.find_spec("omni_ext.executor.tuned") is None:
+            err(f"executor: {TUNED_EXECUTOR} is not installed")
+    elif preset.executor:
         why = check_qualname(preset.executor, "vllm_omni.diffusion.executor.abstract.DiffusionExecutor")
         if why:
             err(f"executor: {why}")
