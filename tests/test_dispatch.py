@@ -108,3 +108,13 @@ def test_mixed_burst_near_its_bound_where_round_robin_is_not(frames: list[int]) 
     assert simulate_late_binding(job_s, 2) / bound <= 1.10
     if frames == [81, 17, 81, 17, 81, 17]:
         assert simulate_round_robin(job_s, 2) / bound > 1.4  # every 81-frame job on replica 0
+
+
+@pytest.mark.parametrize("raw,expected", [(None, 0.0), (1.5, 1.5), ("0.25", 0.25), (-3, 0.0), ("x", 0.0), (True, 0.0)])
+def test_waited_seconds_travel_in_extra_args(raw, expected: float) -> None:
+    from types import SimpleNamespace
+
+    from omni_ext.scheduler.order import WAITED_ARG, request_waited_s
+
+    sp = SimpleNamespace(extra_args={} if raw is None else {WAITED_ARG: raw})
+    assert request_waited_s(sp) == expected

@@ -45,6 +45,7 @@ class Client:
     def __init__(self, index: int) -> None:
         self.request_address = f"tcp://127.0.0.1:{40000 + index}"
         self.sent: list[str] = []
+        self.params: dict[str, object] = {}
         self.aborted: list[str] = []
         self.dead = False
 
@@ -54,6 +55,7 @@ class Client:
 
             raise EngineDeadError()
         self.sent.append(request_id)
+        self.params[request_id] = params
 
     async def abort_requests_async(self, request_ids) -> None:
         self.aborted.extend(request_ids)
@@ -113,6 +115,10 @@ def test_dispatch_binds_when_a_slot_frees_longest_first(pool_and_clients) -> Non
         await asyncio.sleep(0.1)
         await asyncio.sleep(0)  # the send tasks
         assert sorted(c0.sent + c1.sent) == ["r1-81", "r3-81"]  # one per replica, the longest first
+        from omni_ext.scheduler.order import request_waited_s
+
+        # The replica's executor is told how long the request waited here (aging, no second settle).
+        assert request_waited_s(c0.params[c0.sent[0]]) >= 0.05
         await pool.abort_requests(["r4-17"])  # queued: leaves the queue, never sent
         pool.release_binding("r4-17")
         first = c0.sent[0]

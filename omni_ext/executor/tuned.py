@@ -84,7 +84,7 @@ from omni_ext.executor import ascend, protocol
 from omni_ext.models import families
 from omni_ext.scheduler import cost, placement
 from omni_ext.scheduler.config import omni_ext_section, scheduler_config
-from omni_ext.scheduler.order import Ticket, request_priority, sort_key
+from omni_ext.scheduler.order import Ticket, request_priority, request_waited_s, sort_key
 from omni_ext.scheduler.placement import JobMode, JobNeeds
 
 logger = logging.getLogger("omni_ext.executor")
@@ -447,7 +447,7 @@ class TunedExecutor(DiffusionExecutor):
         warm_up = request_id.startswith(DUMMY_REQUEST_PREFIX)
         mode = JobMode.for_request(needs_cfg=cfg, group_size=self.cfg_size, warm_up=warm_up and self._tuned_model)
         seq = next(self._ids)
-        arrival = time.monotonic()
+        arrival = time.monotonic() - request_waited_s(sp)  # a job bound by the head waited there first
         shape, steps = cost.request_shape(self.model_arch, sp, cfg)
         job = _Job(
             job_id=f"omx-{seq}",

@@ -40,7 +40,7 @@ from omni_ext.patches import patch_attr
 from omni_ext.scheduler import replicas as policy
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel, remaining_s, request_shape
-from omni_ext.scheduler.order import Ticket, request_priority
+from omni_ext.scheduler.order import WAITED_ARG, Ticket, request_priority
 
 logger = logging.getLogger("omni_ext.dispatch")
 
@@ -260,6 +260,10 @@ class Dispatcher:
 
     async def _send(self, p: _Pending, replica: int) -> None:
         pool = self.pool
+        # The replica's executor counts the wait from the arrival here (aging; no second settle).
+        waited = max(0.0, time.monotonic() - p.ticket.arrival)
+        for params in [p.params, *(c[2] for c in p.companions)]:
+            params.extra_args = {**(getattr(params, "extra_args", None) or {}), WAITED_ARG: round(waited, 3)}
         try:
             client = pool._diffusion_client(replica)
             await client.add_request_async(p.request_id, p.request, p.params, **p.submit_kwargs)

@@ -27,7 +27,22 @@ from omni_ext.scheduler.config import SchedulerConfig
 #: ``sampling_params.extra_args`` (a request's ``extra_params`` are merged there).
 PRIORITY_ARG = "omni_ext_priority"
 
+#: Seconds a request already waited in the head's queue before it was bound to a replica (set by the
+#: dispatch in front of several replicas): the replica's executor counts its wait from the arrival at
+#: the head, so aging holds across both queues and a burst the head already let settle is not held again.
+WAITED_ARG = "omni_ext_waited_s"
+
 logger = logging.getLogger("omni_ext.scheduler")
+
+
+def request_waited_s(sp: Any) -> float:
+    """``sampling_params.extra_args["omni_ext_waited_s"]``: seconds waited before this queue (0 if unset)."""
+    raw = (getattr(sp, "extra_args", None) or {}).get(WAITED_ARG)
+    try:
+        value = float(raw) if raw is not None and not isinstance(raw, bool) else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return value if 0.0 <= value < 1e7 else 0.0
 
 
 def request_priority(request_id: str, sp: Any) -> int:
