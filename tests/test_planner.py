@@ -184,10 +184,10 @@ def test_one_host_throughput_is_replicas_of_tuned_executors_and_says_why() -> No
     assert p.topology == Topology(replicas=4, cfg=2) and p.layout == "replicas"
     (line,) = [r for r in p.reasons if r.startswith("Executor:")]
     assert "4 replicas, each its own TunedExecutor, not one TunedExecutor with data_parallel_size 4" in line
-    # the figures are not measured yet: the line says so and cites where they will come from
-    assert "PLACEHOLDER for omni-ext bench serving, 2-core CPU host, 2026-12-01" in line
+    # the measured figures (omni-ext bench serving on this host) are cited, and replicas win the tie
+    assert "measured 4511/h as replicas vs 4486/h as data-parallel groups" in line
+    assert "omni-ext bench serving --suite topologies, 2-core CPU host" in line
     assert "a lost replica fails only its own jobs" in line and "dispatch already balances them" in line
-    assert COSTS.one_host_layout.replicas_per_hour is None and COSTS.one_host_layout.dp_groups_per_hour is None
 
 
 def test_measured_layout_figures_decide_and_are_cited() -> None:
