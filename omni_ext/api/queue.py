@@ -231,9 +231,7 @@ class RequestQueue:
     def _price(self, ticket: Ticket, shape: JobShape) -> Ticket:
         """``ticket`` with its predicted seconds from what the cost model knows now, and its ordering
         cost in the measure every ticket shares at that moment (seconds once a rate is known, else units)."""
-        ticket.predicted_s = self.cost.predict_s(shape.key, shape.units)
-        ticket.cost = ticket.predicted_s if ticket.predicted_s is not None else shape.units
-        return ticket
+        return ticket.price(self.cost.predict_s(shape.key, shape.units), shape.units)
 
     def _update(self, tracked: Tracked) -> None:
         step = self.progress(tracked.ticket.id)

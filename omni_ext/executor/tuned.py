@@ -497,9 +497,7 @@ class TunedExecutor(DiffusionExecutor):
         server knows any rate (measured or seeded), else cost units."""
         now = time.monotonic()
         for job in self._pending:
-            predicted = self._predicted_s(job)
-            job.ticket.predicted_s = predicted
-            job.ticket.cost = predicted if predicted is not None else job.needs.units
+            job.ticket.price(self._predicted_s(job), job.needs.units)
         return sorted(self._pending, key=lambda j: sort_key(j.ticket, now, self.sched))
 
     @staticmethod

@@ -189,10 +189,7 @@ class Dispatcher:
         return True
 
     def _refresh(self, p: _Pending) -> Ticket:
-        t = p.ticket
-        t.predicted_s = self.cost.predict_s(p.key, p.units)
-        t.cost = t.predicted_s if t.predicted_s is not None else p.units
-        return t
+        return p.ticket.price(self.cost.predict_s(p.key, p.units), p.units)
 
     def pump(self) -> None:
         """Bind and send every queued request that can start now (runs on the orchestrator's loop)."""
