@@ -25,10 +25,52 @@ if TYPE_CHECKING:
     import psutil
 
 
+#: Ports this process has handed out (never twice: two servers started in one go must not share one).
+_HANDED_OUT: set[int] = set()
+#: The text a server logs when a port it was given is taken (uvicorn, ZMQ and vLLM-Omni's master server).
+PORT_TAKEN = "address already in use"
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for binds to port 0 (``/proc/sys/net/ipv4/ip_local_port_range``)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port from BELOW the kernel's ephemeral range, never handed out twice by this process.
+
+    Why not a bind to port 0: that port comes from the ephemeral range, and any process's next bind
+    to port 0 (a ZMQ socket, an outgoing connection) may get it again before the server binds it;
+    a fresh machine's first test run went red that way. Below the range only an explicit bind can
+    take it. A server that still loses its port exits with :data:`PORT_TAKEN` in its log, and
+    :meth:`ServeProcess.wait_ready` / :meth:`MultiHostServer.wait_ready` start it again on another.
+    """
+    import random
+
+    lo, _ = ephemeral_range()
+    first = max(1024, lo - 12000)
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(first, lo)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port found in {first}-{lo - 1}")
+
+
+def lost_port(log_text: str) -> bool:
+    """Whether a server log says a port it was given was taken before it could bind it."""
+    return PORT_TAKEN in log_text.lower()
 
 
 def vllm_omni_exe() -> str:
@@ -46,6 +88,10 @@ class ServerStartError(RuntimeError):
     pass
 
 
+class PortTaken(ServerStartError):
+    """A server's log says a port it was given was taken before it bound it."""
+
+
 @dataclass
 class ServeProcess:
     model: str
@@ -59,6 +105,8 @@ class ServeProcess:
     ready_after_s: float | None = None
     #: A headless replica (``--headless``, multi-machine mode): no HTTP port, never "healthy".
     headless: bool = False
+    #: The HTTP port was chosen here (not given): a start that loses it is retried on another.
+    auto_port: bool = False
 
     @property
     def url(self) -> str:
@@ -85,7 +133,7 @@ class ServeProcess:
 
     def start(self) -> "ServeProcess":
         if not self.port and not self.headless:
-            self.port = free_port()
+            self.port, self.auto_port = free_port(), True
         if self.log_path is None:
             self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"omni-ext-serve-{self.port or os.getpid()}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,11 +167,20 @@ class ServeProcess:
         except (urllib.error.URLError, OSError, TimeoutError):
             return False
 
-    def wait_ready(self, timeout: float = 300.0) -> "ServeProcess":
+    def wait_ready(self, timeout: float = 300.0, port_retries: int = 3) -> "ServeProcess":
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if self.auto_port and port_retries > 0 and lost_port(self.log_text()):
+                    taken, log = self.port, self.log_path
+                    if log is not None:  # keep the failed start's log beside the new one
+                        log.replace(log.with_name(f"{log.stem}.port-{taken}-taken{log.suffix}"))
+                    self.port = free_port()
+                    self.start()
+                    print(f"[server] port {taken} was taken before vllm-omni serve bound it; started again on {self.port}",
+                          file=sys.stderr)
+                    return self.wait_ready(max(1.0, deadline - time.monotonic()), port_retries - 1)
                 raise ServerStartError(
                     f"vllm-omni serve exited with code {self.proc.returncode} during start-up; log "
                     f"{self.log_path}:\n{self.log_tail()}"
@@ -180,6 +237,7 @@ class MultiHostServer:
     head: ServeProcess | None = None
     headless: list[ServeProcess] = field(default_factory=list)
     restarts: int = 0
+    _auto_master: bool = False
 
     def master_args(self) -> list[str]:
         return ["--stage-id", "0", "--omni-master-address", "127.0.0.1", "--omni-master-port", str(self.master_port)]
@@ -191,7 +249,8 @@ class MultiHostServer:
                             log_path=(self.log_dir / f"{name}.log") if self.log_dir else None)
 
     def start(self) -> "MultiHostServer":
-        self.master_port = self.master_port or free_port()
+        if not self.master_port:
+            self.master_port, self._auto_master = free_port(), True
         self.head = ServeProcess(model=self.model, args=[*self.args, *self.master_args(), *self.head_args],
                                  env={**self.env, **self.head_env},
                                  log_path=(self.log_dir / "head.log") if self.log_dir else None).start()
@@ -221,6 +280,9 @@ class MultiHostServer:
         ``watch`` (default: every headless replica) exits meanwhile."""
         deadline = time.monotonic() + timeout
         while self.attached() < count:
+            if self.head is not None and lost_port(self.head.log_text()):
+                raise PortTaken(f"the head lost a port (HTTP {self.head.port} or master {self.master_port}):\n"
+                                f"{self.head.log_tail()}")
             for p in [self.head, *(self.headless if watch is None else watch)]:
                 if p is not None and p.proc is not None and p.proc.poll() is not None:
                     raise ServerStartError(f"{p.log_path}: exited with {p.proc.returncode} during start-up:\n{p.log_tail()}")
@@ -239,11 +301,25 @@ class MultiHostServer:
     def live(self) -> list[ServeProcess]:
         return [p for p in self.headless if p.proc is not None and p.proc.poll() is None]
 
-    def wait_ready(self, timeout: float = 600.0) -> "MultiHostServer":
+    def wait_ready(self, timeout: float = 600.0, port_retries: int = 3) -> "MultiHostServer":
+        """Until the head answers and every replica joined. A head that lost its HTTP or master port
+        (taken before it bound it) is started again, with its replicas, on new ports."""
         assert self.head is not None, "start() first"
         t0 = time.monotonic()
-        self.head.wait_ready(timeout)
-        self.wait_attached(self.replicas, max(10.0, timeout - (time.monotonic() - t0)))
+        try:
+            self.head.wait_ready(timeout, port_retries=0)
+            self.wait_attached(self.replicas, max(10.0, timeout - (time.monotonic() - t0)))
+        except ServerStartError:
+            if not (port_retries > 0 and self.head.auto_port and self._auto_master and lost_port(self.head.log_text())):
+                raise
+            print(f"[server] the head lost port {self.head.port} or {self.master_port}; starting again on new ports",
+                  file=sys.stderr)
+            self.stop()
+            if self.head.log_path is not None:
+                self.head.log_path.replace(self.head.log_path.with_suffix(f".port-taken-{port_retries}.log"))
+            self.master_port, self.head = 0, None
+            self.start()
+            return self.wait_ready(max(10.0, timeout - (time.monotonic() - t0)), port_retries - 1)
         return self
 
     def kill_replica(self, index: int) -> None:
