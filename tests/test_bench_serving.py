@@ -303,3 +303,42 @@ def test_serving_bench_against_a_shared_server(server_pool, tmp_path: Path) -> N
     assert lat[0] <= entry["p50_s"] <= entry["p90_s"] <= entry["p99_s"] <= lat[-1]
     assert 0 < entry["requests_per_s"] <= 4 / lat[0] * 2  # 2 clients cannot beat 2 / fastest
     assert result["host_ceiling"] is None and result["host_ceiling_absent"]
+
+
+def test_every_configuration_called_stock_runs_vllm_omni_s_own_executor(tmp_path: Path) -> None:
+    """A row called stock runs vLLM-Omni's executor and dispatch: rendered as the benchmarks start
+    them (flags, and the deploy YAML they write), no omni-ext executor appears anywhere. The topologies
+    suite's "stock-replicas2" once kept the preset's top-level ``distributed_executor_backend``, which
+    vLLM-Omni applies to every stage: that row ran omni-ext's executor."""
+    import yaml
+
+    from omni_ext.bench import mixed
+
+    checked = []
+    for kind in ("video", "image"):
+        for cfg in serving.resolve_suite("topologies", kind):
+            if "stock" not in cfg.label:
+                continue
+            flags = serving.serve_args(cfg, parse("serving", "--suite", "topologies"), tmp_path)
+            deploy = yaml.safe_load(Path(flags[flags.index("--deploy-config") + 1]).read_text()) if cfg.deploy else None
+            assert c.omni_ext_executor_in(flags, deploy) == [], (kind, cfg.label, flags, deploy)
+            assert cfg.deploy is None or cfg.env.get("OMNI_EXT_DISABLE_PATCHES") == "replica-dispatch"
+            c.refuse_omni_ext_in_stock(cfg.label, flags)
+            checked.append(f"{kind}:{cfg.label}")
+    for flag in (["--replicas", "2"], ["--multi-host"]):
+        layout = mixed.layout_of(parse("mixed", *flag, "--json", "x.json"))
+        specs = mixed.server_specs(layout, mixed.replicas_deploy(tmp_path))
+        for name, flags in specs.items():
+            deploy = yaml.safe_load(Path(flags[flags.index("--deploy-config") + 1]).read_text()) \
+                if "--deploy-config" in flags else None
+            uses_ours = c.omni_ext_executor_in(flags, deploy)
+            assert (uses_ours == []) == name.endswith("stock"), (name, uses_ours)
+            if name.endswith("stock"):
+                checked.append(name)
+    assert len(checked) == 8 + 2
+    # and the guard every benchmark server passes through refuses a mislabelled one, top-level key included
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"distributed_executor_backend": c.TUNED, "stages": [{"stage_id": 0}]}))
+    with pytest.raises(ValueError, match="called stock but selects omni-ext's executor: deploy YAML"):
+        c.refuse_omni_ext_in_stock("stock-replicas2", ["--deploy-config", str(bad)])
+    c.refuse_omni_ext_in_stock("replicas2", ["--deploy-config", str(bad)])

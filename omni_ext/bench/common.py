@@ -33,6 +33,48 @@ BASE_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELI
 #: Above this 1-minute load average before a run starts, its figures are not called measurements.
 DEFAULT_MAX_LOAD = 1.0
 PROMPT = "a red fox running through fresh snow"
+#: What a configuration called "stock" switches off besides omni-ext's executor: omni-ext's dispatch.
+STOCK_DISPATCH_ENV = {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"}
+
+
+def omni_ext_executor_in(args: Sequence[str], deploy: dict[str, Any] | None = None) -> list[str]:
+    """Where a server's flags or deploy YAML select omni-ext's executor (empty: vLLM-Omni's own).
+
+    A deploy YAML's top-level ``distributed_executor_backend`` applies to every stage
+    (vLLM-Omni's ``config/omni_config.py``), so it counts as much as a stage's own key."""
+    found = [f"flag {a}" for a in args if a.startswith("omni_ext.")]
+    for where, d in [("deploy YAML", deploy or {}), *((f"stage {st.get('stage_id')}", st) for st in (deploy or {}).get("stages", []))]:
+        if str(d.get("distributed_executor_backend", "")).startswith("omni_ext."):
+            found.append(f"{where}: distributed_executor_backend {d['distributed_executor_backend']}")
+    return found
+
+
+def refuse_omni_ext_in_stock(name: str, args: Sequence[str]) -> None:
+    """A benchmark server whose name says "stock" must run vLLM-Omni's own executor: checked on the
+    exact flags (and the deploy YAML they name) before it starts, so no figure is mislabelled."""
+    if "stock" not in name:
+        return
+    deploy = None
+    if "--deploy-config" in args:
+        path = Path(args[list(args).index("--deploy-config") + 1])
+        if path.is_file():
+            import yaml
+
+            deploy = yaml.safe_load(path.read_text(encoding="utf-8"))
+    found = omni_ext_executor_in(args, deploy)
+    if found:
+        raise ValueError(f"benchmark server {name!r} is called stock but selects omni-ext's executor: {'; '.join(found)}")
+
+
+def stock_deploy(deploy: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``deploy`` with vLLM-Omni's own executor at every level (top-level key and stages)."""
+    import copy
+
+    out = copy.deepcopy(deploy)
+    out.pop("distributed_executor_backend", None)
+    for stage in out.get("stages", []):
+        stage.pop("distributed_executor_backend", None)
+    return out
 NEGATIVE = "blurry, low quality"
 
 
@@ -94,6 +136,8 @@ class Servers:
         from omni_ext.server_process import ServeProcess
 
         for name, args in specs.items():
+            refuse_omni_ext_in_stock(name, args)
+        for name, args in specs.items():
             env = {**self.server_env(name), **(envs or {}).get(name, {})}
             proc = ServeProcess(model=str(self.model), args=[*self.base_args, *args], env=env,
                                 log_path=self.workdir / f"{name}.log").start()
@@ -110,6 +154,7 @@ class Servers:
         own replica) and ``headless`` headless replicas; :meth:`wait_all` waits until all joined."""
         from omni_ext.server_process import MultiHostServer
 
+        refuse_omni_ext_in_stock(name, [*args, *(head_args or [])])
         mh = MultiHostServer(str(self.model), replicas=headless, args=[*self.base_args, *args], env=dict(self.env),
                              head_args=list(head_args or []), head_env={**self.server_env(name), **(head_env or {})},
                              log_dir=self.workdir / name).start()

@@ -21,11 +21,16 @@ the bare host's two-process ceiling (two jobs at once are slower than one alone 
 The same workload runs across vLLM-Omni's replicas (issue 11: scale-out), each server side by side
 with its stock counterpart, figure ``replicas.makespan_over_bound`` (goal <= 1.10):
 
-- ``--replicas 2``: one server with two replicas (deploy YAML ``num_replicas: 2``, a TunedExecutor of
-  one worker in each), omni-ext's dispatch (the head keeps the queue and binds a job when a replica
-  frees) vs vLLM-Omni's round robin on arrival (``OMNI_EXT_DISABLE_PATCHES=replica-dispatch``);
+- ``--replicas 2``: one server with two replicas (deploy YAML ``num_replicas: 2``, one worker in each),
+  omni-ext's dispatch and a TunedExecutor in each replica (the head keeps the queue and binds a job when
+  a replica frees) vs stock: vLLM-Omni's executor and its round robin on arrival
+  (``OMNI_EXT_DISABLE_PATCHES=replica-dispatch``);
 - ``--multi-host``: vLLM-Omni's multi-machine mode on loopback, a head with its own replica plus one
-  headless replica, omni-ext's dispatch vs the head's ``--omni-lb-policy least-queue-length``.
+  headless replica, omni-ext's dispatch and executor vs stock: vLLM-Omni's executor and the head's
+  ``--omni-lb-policy least-queue-length``.
+
+The stock sides were omni-ext's executor with vLLM-Omni's dispatch until the stock rule
+(:func:`omni_ext.bench.common.refuse_omni_ext_in_stock`); figures quoted before it compare dispatch only.
 """
 
 from __future__ import annotations
@@ -71,8 +76,8 @@ LAYOUTS = {
     "replicas": Layout("replicas", "replicas", "stock", ("omni-ext dispatch", "stock round robin")),
     "multi-host": Layout("multi-host", "replicas", "stock", ("omni-ext dispatch", "stock least-queue-length")),
 }
-#: The replica layouts' stock side: vLLM-Omni's own dispatch (everything else of omni-ext stays on).
-STOCK_DISPATCH_ENV = {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"}
+#: The replica layouts' stock side: vLLM-Omni's own executor and dispatch (the API stays omni-ext's).
+STOCK_DISPATCH_ENV = c.STOCK_DISPATCH_ENV
 
 
 def _side(order: str) -> str:
@@ -99,8 +104,14 @@ def server_specs(layout: Layout = GROUPS_LAYOUT, deploy: str = "DEPLOY_YAML") ->
         return {layout.server(o): ["--distributed-executor-backend", c.TUNED,
                                    *c.additional_config(data_parallel_size=GROUPS, scheduler={"order": o})] for o in ORDERS}
     if layout.name == "replicas":
-        return {layout.server(o): ["--deploy-config", deploy] for o in ORDERS}
-    return {layout.server(o): ["--distributed-executor-backend", c.TUNED] for o in ORDERS}
+        return {layout.server(o): ["--deploy-config", deploy if _side(o) == "omni_ext" else _stock_path(deploy)]
+                for o in ORDERS}
+    return {layout.server(o): ["--distributed-executor-backend", c.TUNED] if _side(o) == "omni_ext" else []
+            for o in ORDERS}
+
+
+def _stock_path(deploy: str) -> str:
+    return deploy[: -len(".yaml")] + "-stock.yaml" if deploy.endswith(".yaml") else deploy + "-stock"
 
 
 def server_envs(layout: Layout) -> dict[str, dict[str, str]]:
@@ -108,11 +119,14 @@ def server_envs(layout: Layout) -> dict[str, dict[str, str]]:
 
 
 def replicas_deploy(workdir: Path) -> str:
-    """The deploy YAML of ``--replicas 2``: two replicas of the tiny Wan, a TunedExecutor of one worker each."""
+    """The deploy YAML of ``--replicas 2``: two replicas of the tiny Wan, a TunedExecutor of one worker each
+    (and beside it, for the stock side, the same with vLLM-Omni's executor)."""
     path = workdir / "replicas2.yaml"
-    path.write_text(yaml.safe_dump({"async_chunk": False, "stages": [{
+    deploy = {"async_chunk": False, "stages": [{
         "stage_id": 0, "num_replicas": GROUPS, "devices": "0,1", "distributed_executor_backend": c.TUNED,
-        "flow_shift": 5.0, "boundary_ratio": 0.875}]}, sort_keys=False))
+        "flow_shift": 5.0, "boundary_ratio": 0.875}]}
+    path.write_text(yaml.safe_dump(deploy, sort_keys=False))
+    Path(_stock_path(str(path))).write_text(yaml.safe_dump(c.stock_deploy(deploy), sort_keys=False))
     return str(path)
 
 

@@ -107,17 +107,13 @@ def suite(kind: str) -> list[Config]:
 def replicas_config(kind: str, *, tuned: bool) -> Config:
     """Two vLLM-Omni replicas from the cpu throughput preset's deploy YAML: with a TunedExecutor in each
     and omni-ext's dispatch (``tuned``), or as vLLM-Omni runs them (its executor, round robin on arrival)."""
-    import copy
-
     name = "wan2.1-t2v-tiny.cpu.x2.throughput" if kind == "video" else "qwen-image-tiny.cpu.x2.throughput"
     rendered = preset_config(name)
-    deploy = copy.deepcopy(rendered.deploy) or {}
-    for stage in deploy.get("stages", []):
-        if tuned:
+    deploy = c.stock_deploy(rendered.deploy or {})
+    if tuned:
+        for stage in deploy.get("stages", []):
             stage["distributed_executor_backend"] = c.TUNED
-        else:
-            stage.pop("distributed_executor_backend", None)
-    env = {**rendered.env, **({} if tuned else {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"})}
+    env = {**rendered.env, **({} if tuned else c.STOCK_DISPATCH_ENV)}
     return Config("replicas2" if tuned else "stock-replicas2", "serve", args=rendered.args, env=env, deploy=deploy)
 
 
