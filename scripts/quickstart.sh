@@ -54,5 +54,7 @@ curl -sS -X POST http://127.0.0.1:$PORT/v1/videos/sync \\
 MSG
 fi
 echo
+echo "Or open the playground in a browser: http://127.0.0.1:$PORT/playground (prompt, queue, progress, results)."
+echo
 echo "Ctrl-C stops the server."
 wait $server

@@ -40,5 +40,18 @@ pip_q install -e "$ROOT[dev]"
 log "openai SDK 2.26 (the last that sends videos.create as JSON) for the compatibility tests"
 pip_q install --no-deps --upgrade --target "$VENV/openai-2.26" "openai==2.26.0"
 "$VENV/bin/python" "$ROOT/scripts/cpu_fixups.py" --check
+# The playground's browser tests (tests/test_playground.py) drive Debian's chromium headless through
+# Playwright (a dev extra; its own browser downloads are not used). Installed when missing and we are root
+# with apt-get; otherwise those tests skip and say why.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "chromium (Debian package) for the playground's browser tests"
+    apt_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null 2>&1; }
+    apt_chromium || { apt-get update -qq >/dev/null 2>&1 && apt_chromium; } \
+      || log "chromium could not be installed (apt-get failed): the browser tests of tests/test_playground.py will skip"
+  else
+    log "no chromium, and not root with apt-get: the browser tests of tests/test_playground.py will skip (install the chromium package)"
+  fi
+fi
 echo "$want" > "$STAMP"
 log "done: $VENV"

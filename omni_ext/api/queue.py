@@ -35,7 +35,7 @@ from omni_ext.api.errors import APIError, too_busy
 from omni_ext.models import families
 from omni_ext.patches import replica_dispatch
 from omni_ext.progress import StepProgress, read_progress
-from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision
+from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predict_start
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel, remaining_s, request_shape
 from omni_ext.scheduler.order import PRIORITY_ARG, Ticket
@@ -213,6 +213,17 @@ class RequestQueue:
     def view(self, job_id: str) -> QueueView | None:
         """A queued job's :class:`QueueView`; None once it runs (or is unknown)."""
         return self.views().get(job_id)
+
+    def summary(self) -> dict[str, Any]:
+        """The queue at a glance (the playground's info route): jobs running and queued, the slots,
+        and the predicted seconds until a job admitted now behind every queued one would start
+        (None while the server knows no rate for any shape)."""
+        self._follow_replicas()
+        running, queued = self._snapshot()
+        wait = None
+        if self.cost.rate() is not None:
+            wait = round(predict_start(running, [t.predicted_s or 0.0 for t in queued], self.slots), 1)
+        return {"running": len(running), "queued": len(queued), "slots": self.slots, "predicted_wait_s": wait}
 
     def depth_by_priority(self) -> dict[int, int]:
         """Queued (not yet started) jobs per requested priority."""

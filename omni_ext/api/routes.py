@@ -55,7 +55,7 @@ def build_router(stock_edits_app: Any = None) -> APIRouter:
     """omni-ext's routes; ``stock_edits_app`` is vLLM-Omni's /v1/images/edits endpoint (kept for models that edit)."""
     from starlette.routing import Route
 
-    from omni_ext.api import images, videos
+    from omni_ext.api import images, playground, videos
 
     router = APIRouter(route_class=ErrorRoute)
     for sub in (videos.router, images.router):
@@ -65,6 +65,7 @@ def build_router(stock_edits_app: Any = None) -> APIRouter:
                                  include_in_schema=True, response_class=JSONResponse,
                                  openapi_extra=route.openapi_extra)
     router.routes.append(Route("/v1/images/edits", EditsDispatch(stock_edits_app), methods=["POST"]))
+    playground.install(router)
     for kind in ("videos", "images"):  # after the real routes: anything else under them is a clean 400/404
         router.add_api_route(f"/v1/{kind}/{{rest:path}}", _unknown_path, methods=["GET", "POST", "DELETE"],
                              include_in_schema=False)
