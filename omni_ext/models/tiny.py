@@ -229,9 +229,26 @@ def _seeded(seed: int, factory: Any) -> Any:
         return factory()
 
 
+def wan_vae() -> Any:
+    """The tiny Wan VAE (the one in every tiny Wan model; unit tests of the VAE decode build it alone)."""
+    from diffusers import AutoencoderKLWan
+
+    return _seeded(
+        _SEED_VAE,
+        lambda: AutoencoderKLWan(
+            base_dim=4,
+            z_dim=16,
+            dim_mult=[1, 2, 2, 2],  # 3 downsamples: 8x spatial
+            num_res_blocks=1,
+            attn_scales=[],
+            temperal_downsample=[False, True, True],  # 4x temporal, as in the real VAE
+        ),
+    )
+
+
 def _wan_components(size: str) -> dict[str, Any]:
     """WanPipeline parts named and wired as in Wan-AI/Wan2.1-T2V-1.3B-Diffusers, at toy size."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
+    from diffusers import UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     tokenizer = build_t5_tokenizer()
@@ -267,17 +284,7 @@ def _wan_components(size: str) -> dict[str, Any]:
             **_WAN_TRANSFORMER[size],
         ),
     )
-    vae = _seeded(
-        _SEED_VAE,
-        lambda: AutoencoderKLWan(
-            base_dim=4,
-            z_dim=16,
-            dim_mult=[1, 2, 2, 2],  # 3 downsamples: 8x spatial
-            num_res_blocks=1,
-            attn_scales=[],
-            temperal_downsample=[False, True, True],  # 4x temporal, as in the real VAE
-        ),
-    )
+    vae = wan_vae()
     # The scheduler config shipped with Wan2.1-T2V-1.3B-Diffusers.
     scheduler = UniPCMultistepScheduler(
         prediction_type="flow_prediction",
