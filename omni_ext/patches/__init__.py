@@ -318,6 +318,29 @@ PATCHES: tuple[Patch, ...] = (
         upstream="not yet filed; patches/0012-diffusion-client-nonblocking-send.diff is ready to send",
         apply="omni_ext.patches.replica_send:apply",
     ),
+    Patch(
+        name="dp-world",
+        target=(
+            "vllm_omni.config.omni_config:_stage_engine_values, "
+            "vllm_omni.config.config_factory:StageConfigFactory._normalize_default_diffusion"
+        ),
+        why=(
+            "omni-ext's data parallelism (--additional-config '{\"omni_ext\": {\"data_parallel_size\": N}}') "
+            "was invisible to vLLM-Omni's start-up: the stage's world, devices, device check, locks and num_gpus "
+            "counted CFG alone, and the TunedExecutor raised the world to N x CFG only afterwards; with fewer "
+            "visible devices than that, the extra ranks died in set_device with only 'exited during start-up'. "
+            "The key now becomes the stage's own data_parallel_size where vLLM-Omni merges the stage's engine "
+            "values (and where the generic fallback computes its devices), so the start-up sees the whole world "
+            "and refuses a layout that needs more devices than are visible, naming both numbers."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0013-diffusion-data-parallel-from-additional-config.diff",
+        test="tests/test_devices.py::test_stage_world_counts_omni_ext_dp",
+        removal="Drop if omni-ext's key goes (users would set the stage's data_parallel_size), or upstream reads it.",
+        upstream="not filed: the key is omni-ext's own; the diff shows the same change in vLLM-Omni's source",
+        apply="omni_ext.patches.dp_world:apply",
+    ),
 )
 
 

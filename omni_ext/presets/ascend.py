@@ -23,6 +23,16 @@ from pathlib import Path
 
 import yaml
 
+#: The package indexes of vllm-ascend's own pip install guide (docs/source/getting_started/installation/
+#: install_vllm_ascend.inc.md in the 0.30.0rc2 sdist): PyTorch's CPU wheels, so that pip cannot pull a
+#: CUDA torch over the NPU stack, and Huawei's mirror for torch-npu and the Ascend packages.
+ASCEND_PIP_INDEXES = ("https://download.pytorch.org/whl/cpu/", "https://mirrors.huaweicloud.com/ascend/repos/pypi")
+
+
+def pip_index_args() -> str:
+    return " ".join(f"--extra-index-url {url}" for url in ASCEND_PIP_INDEXES)
+
+
 CANN_INFO = "ascend_toolkit_install.info"
 CANN_ENV_VARS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 CANN_DEFAULT_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Ascend/cann")
@@ -30,12 +40,19 @@ CANN_DEFAULT_ROOTS = ("/usr/local/Ascend/ascend-toolkit/latest", "/usr/local/Asc
 
 @dataclass(frozen=True)
 class AscendStack:
-    """One published pairing: ``vllm_ascend`` for vLLM ``vllm`` (matched by major.minor), built on CANN ``cann``."""
+    """One published pairing: ``vllm_ascend`` for vLLM ``vllm`` (matched by major.minor), built on CANN
+    ``cann``, with ``torch``/``torch_npu`` where ``source`` (the file and release it was read from) names them."""
 
     vllm: str
     vllm_ascend: str
     cann: str
     source: str
+    torch: str | None = None
+    torch_npu: str | None = None
+
+    def describe(self) -> str:
+        torch = f", torch {self.torch} + torch-npu {self.torch_npu}" if self.torch_npu else ""
+        return f"vLLM {self.vllm} + vllm-ascend {self.vllm_ascend} + CANN {self.cann}{torch}"
 
 
 def minor_of(version: str | None) -> tuple[int, int] | None:
@@ -53,13 +70,26 @@ def same_release(a: str, b: str) -> bool:
 def load_stacks() -> tuple[AscendStack, ...]:
     """The packaged ``ascend_stack.yaml`` rows."""
     text = resources.files("omni_ext.presets").joinpath("ascend_stack.yaml").read_text(encoding="utf-8")
-    return tuple(AscendStack(**{k: str(v).strip() for k, v in row.items()}) for row in yaml.safe_load(text)["pairings"])
+    return tuple(AscendStack(**{k: str(v).strip() for k, v in row.items() if v is not None})
+                 for row in yaml.safe_load(text)["pairings"])
+
+
+def stacks_for(vllm_version: str | None, stacks: Sequence[AscendStack] | None = None) -> tuple[AscendStack, ...]:
+    """Every known pairing for ``vllm_version``'s major.minor release (the installable one first)."""
+    minor = minor_of(vllm_version)
+    return tuple(s for s in (stacks or load_stacks()) if minor is not None and minor_of(s.vllm) == minor)
 
 
 def stack_for(vllm_version: str | None, stacks: Sequence[AscendStack] | None = None) -> AscendStack | None:
-    """The pairing for ``vllm_version``'s major.minor release, or None when none is published."""
-    minor = minor_of(vllm_version)
-    return next((s for s in (stacks or load_stacks()) if minor is not None and minor_of(s.vllm) == minor), None)
+    """The pairing to install for ``vllm_version``'s major.minor release (the first row), or None."""
+    return next(iter(stacks_for(vllm_version, stacks)), None)
+
+
+def matching_stack(vllm_version: str | None, vllm_ascend: str | None,
+                   stacks: Sequence[AscendStack] | None = None) -> AscendStack | None:
+    """The known pairing of this vLLM release whose vllm-ascend is exactly ``vllm_ascend``, or None."""
+    return next((s for s in stacks_for(vllm_version, stacks)
+                 if vllm_ascend is not None and same_release(vllm_ascend, s.vllm_ascend)), None)
 
 
 def _info_version(path: Path) -> str | None:

