@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -276,7 +277,7 @@ def test_delete_stops_a_running_tuned_job_and_frees_its_ranks(server_pool, mode:
     server = server_pool.get("wan-tuned-cfg2", quiet=True)
     log0 = server.log_text()
     before, stopped0 = len(executor_events(log0)), log0.count("Stopped cancelled diffusion request(s)")
-    # "pair": CFG on, both ranks, cancel decided inside the all-gather; "single": CFG off, one rank.
+    # "pair": CFG on, both ranks, stop step agreed through shared memory; "single": CFG off, one rank.
     job = _start_long_video(server, **({} if mode == "pair" else {"guidance_scale": 1.0}))
     _wait_progress(server, job["id"], 3)  # progress moves under the tuned executor too (past the start)
     t0 = time.monotonic()
@@ -383,6 +384,45 @@ def test_two_groups_run_two_requests_concurrently(server_pool) -> None:
     ref = video_sync(one, **fields, seed=22)
     assert ref.content in (outs[0].content, outs[1].content)
     assert outs[0].content != outs[1].content  # different seeds: really two different requests
+
+
+# --------------------------------------------------------------------------------------------------
+# 2b. The accelerator path on CPU (issue 17): outputs through shared memory, per-rank peak memory
+#     (the pure parts and the CFG pair's cancel agreement: tests/test_executor_transfer.py)
+# --------------------------------------------------------------------------------------------------
+def _shm_segments() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("psm_*")}
+
+
+def test_outputs_cross_the_worker_pipe_through_shared_memory_and_leave_none_behind(server_pool) -> None:
+    """The worker's pipe refuses a result that holds a tensor or more than a few hundred KiB
+    (omni_ext.executor.protocol), so each 200 below is an output that travelled as host memory
+    in shared memory; none of the segments is left in /dev/shm once the answer is back."""
+    wan, qwen = server_pool.get("wan-tuned-cfg2"), server_pool.get("qwen-tuned-cfg2")
+    before_ev, before = len(executor_events(wan.log_text())), _shm_segments()
+    # CFG pairs whose video ends on rank 1: 128x128x17 (3.3 MB as float32, vLLM-Omni's own large-tensor
+    # path) and 32x32x5 (below its 1 MB threshold: moved all the same); a Qwen-Image pair's image.
+    big = video_sync(wan, size="128x128", num_frames=17, seed=61)
+    small = video_sync(wan, size="32x32", num_frames=5, seed=62)
+    image = requests.post(qwen.url + "/v1/images/generations", json={**IMAGE, "size": "32x32"}, timeout=300)
+    assert big.status_code == 200 and small.status_code == 200, (big.text[:300], small.text[:300])
+    assert png_from(image)
+    ev = wait_for_events(wan, before_ev, 2)
+    assert [e[3] for e in ev if e[0] == "start"] == ["pair", "pair"], ev
+    assert len(big.content) > len(small.content) > 0
+    assert not _shm_segments() - before, _shm_segments() - before
+    for server in (wan, qwen):
+        assert "could not be returned" not in server.log_text() and "could not be read" not in server.log_text()
+
+
+def test_each_job_reports_the_peak_memory_of_its_own_rank(server_pool) -> None:
+    """vLLM-Omni samples peak memory on global rank 0 only: a job on rank 1 reported 0 MB."""
+    dp2 = server_pool.get("wan-tuned-dp2")
+    outs, ev = run_two_at_once(dp2, dict(size="32x32", num_frames=5, num_inference_steps=10), (71, 72))
+    on_rank = {e[2][0]: e[1].rsplit("-", 1)[0] for e in ev if e[0] == "start"}
+    assert set(on_rank) == {0, 1}, ev
+    peak = {r.headers["X-Request-Id"]: float(r.headers["X-Peak-Memory-MB"]) for r in outs}
+    assert peak[on_rank[1]] > 0 and peak[on_rank[0]] > 0, (peak, on_rank)
 
 
 # --------------------------------------------------------------------------------------------------

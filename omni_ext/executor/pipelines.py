@@ -58,10 +58,10 @@ class _TunedCfgMixin:
     of a CFG group, its partner busy with another request) must never enter the group's
     all-gather, so it runs both branches sequentially on its rank.
 
-    A PAIR job runs vLLM-Omni's CFG-parallel step (each rank its own branch, one all-gather,
-    the same combine on both ranks) with one addition: each rank appends its cancel flag to the
-    noise prediction it contributes, so the per-step exchange stays ONE collective and both ranks
-    learn of a cancellation in the same step and stop together.
+    A PAIR job runs vLLM-Omni's CFG-parallel step unchanged (each rank its own branch, its one
+    all-gather, the same combine on both ranks). Before each step both ranks consult the executor's
+    shared board (:func:`omni_ext.executor.role.pair_stop_now`): a cancellation stops both at the
+    same step boundary, with no extra collective and no host synchronization per step.
 
     vLLM-Omni's own cooperative cancellation (``supports_request_cancellation``) is off here: its
     per-step check is an all-reduce over the WORLD group, which cannot work when ranks run
@@ -92,29 +92,14 @@ class _TunedCfgMixin:
         )
 
     def _pair_step(self, true_cfg_scale, positive_kwargs, negative_kwargs, cfg_normalize, output_slice, extra):
-        from vllm_omni.diffusion.distributed.cfg_parallel import _slice_pred, _wrap
-        from vllm_omni.diffusion.distributed.parallel_state import get_cfg_group
+        from omni_ext.executor.role import aborted, pair_stop_now
 
-        from omni_ext.executor.role import aborted, local_cancel_flag
-
-        own = _wrap(self.predict_noise(**(positive_kwargs if ROLE.cfg_rank == 0 else negative_kwargs)))
-        if output_slice is not None:
-            own = _slice_pred(own, output_slice)
-        # One flat buffer per rank: every element of the prediction, then this rank's cancel flag.
-        flat = torch.cat([p.reshape(-1) for p in own] + [own[0].new_full((1,), float(local_cancel_flag()))])
-        gathered = get_cfg_group().all_gather(flat, separate_tensors=True)
-        if any(bool(g[-1].item()) for g in gathered):
+        if pair_stop_now():
             raise aborted("Request cancelled at a denoise step (both CFG ranks stopped together)")
-
-        def unflatten(buf):
-            parts, at = [], 0
-            for p in own:
-                parts.append(buf[at : at + p.numel()].view(p.shape))
-                at += p.numel()
-            return tuple(parts)
-
-        positive, negative = unflatten(gathered[0]), unflatten(gathered[1])
-        return self.combine_cfg_noise(positive, negative, true_cfg_scale, cfg_normalize, **extra)
+        legacy = tuple(extra.values())  # Wan's PipelineParallelMixin takes no `kwargs`
+        return super().predict_noise_maybe_with_cfg(
+            True, true_cfg_scale, positive_kwargs, negative_kwargs, cfg_normalize, output_slice, *legacy
+        )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,12 +5,22 @@ a worker answers once at start-up (:class:`Ready` or :class:`StartFailed`), then
 :class:`JobDone` per job and one :class:`RpcResult` per call, in order.
 
 Messages are pickled with the standard pickler and sent with ``send_bytes`` (:func:`send`), not
-with ``Connection.send``'s ``ForkingPickler``: that one would turn an output tensor into a torch
-shared-memory handle, which dies with the sending process; here tensors travel by value.
+with ``Connection.send``'s ``ForkingPickler`` (that one would turn a tensor into a torch
+shared-memory handle, which dies with the sending process).
+
+A job's output never crosses the pipe as a tensor: pickle rebuilds a tensor on the device it was
+saved from, so a device tensor would open a device context in the engine process (the API server
+itself with one replica) for every worker's card, and fail there when the card is full. The worker
+copies the output to host memory and into POSIX shared memory with vLLM-Omni's own transfer
+(:func:`output_to_shared_memory`, the ``pack_diffusion_output_shm`` of vLLM-Omni's worker); only
+the segments' names travel in the :class:`JobDone`, and the executor's reader thread copies them out
+and unlinks them (:func:`output_from_shared_memory`). :func:`send` refuses a ``JobDone`` that holds a
+tensor or pickles to more than :data:`MAX_JOB_DONE_BYTES` (:class:`TransferRefused`).
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -89,11 +99,104 @@ class RpcResult:
 Message = Union[RunJob, CallRpc, Shutdown, Ready, StartFailed, JobDone, RpcResult]
 
 
+#: A pickled :class:`JobDone` above this many bytes is refused: outputs travel through shared memory,
+#: the message carries only their names, the output's small fields and an error text.
+MAX_JOB_DONE_BYTES = 256 * 1024
+
+#: The output fields vLLM-Omni's ``unpack_diffusion_output_shm`` restores: every tensor or array in
+#: them travels through shared memory (vLLM-Omni's worker moves only those above 1 MB; here the
+#: small ones too, so that the pipe never carries a tensor).
+SHM_FIELDS = ("output", "media", "trajectory_latents", "trajectory_timesteps", "trajectory_log_probs")
+
+
+class TransferRefused(ValueError):
+    """A :class:`JobDone` that would carry a tensor, or too many bytes, through the pipe."""
+
+
+class _JobDonePickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            raise TransferRefused(
+                f"a {obj.device.type} tensor {tuple(obj.shape)} in a job's result would cross the pipe; "
+                "outputs travel through shared memory (protocol.output_to_shared_memory)"
+            )
+        return NotImplemented
+
+
+def encode(msg: Message) -> bytes:
+    """The bytes :func:`send` sends (a :class:`JobDone` is checked, see the module docstring)."""
+    if not isinstance(msg, JobDone):
+        return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = io.BytesIO()
+    _JobDonePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(msg)
+    if buf.tell() > MAX_JOB_DONE_BYTES:
+        raise TransferRefused(f"a job's result pickles to {buf.tell()} bytes (limit {MAX_JOB_DONE_BYTES})")
+    return buf.getvalue()
+
+
 def send(conn: Any, msg: Message) -> None:
-    """Send one message over a ``multiprocessing`` connection (tensors by value, see above)."""
-    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+    """Send one message over a ``multiprocessing`` connection (:class:`TransferRefused`: nothing sent)."""
+    conn.send_bytes(encode(msg))
 
 
 def recv(conn: Any) -> Message:
     """Receive one message (blocks; ``EOFError``/``OSError`` when the other side is gone)."""
     return pickle.loads(conn.recv_bytes())
+
+
+# ---------------------------------------------------------------- outputs through shared memory
+def output_to_shared_memory(out: Any) -> Any:
+    """Worker side: move every tensor/array of ``out``'s :data:`SHM_FIELDS` into POSIX shared
+    memory (a device tensor is copied to the host first), in place; returns ``out``.
+
+    vLLM-Omni's ``pack_diffusion_output_shm`` moves what is above its threshold (failure-atomic);
+    the rest goes through the same segment format (``_tensor_to_shm``/``_ndarray_to_shm``). On any
+    failure every segment made here is unlinked before the exception propagates."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+    from vllm_omni.diffusion.ipc import _unlink_shm_handles, pack_diffusion_output_shm
+
+    if not isinstance(out, DiffusionOutput):
+        return out
+    pack_diffusion_output_shm(out)
+    created: list[dict] = []
+    try:
+        rest = {name: _small_to_shm(getattr(out, name, None), created) for name in SHM_FIELDS}
+    except BaseException:
+        _unlink_shm_handles(created)
+        output_from_shared_memory(out)  # frees what vLLM-Omni's packing made
+        raise
+    for name, value in rest.items():
+        setattr(out, name, value)
+    return out
+
+
+def _small_to_shm(val: Any, created: list) -> Any:
+    import numpy as np
+    import torch
+    from vllm_omni.diffusion.ipc import _ndarray_to_shm, _tensor_to_shm
+
+    if isinstance(val, torch.Tensor):
+        return _tensor_to_shm(val, created=created) if val.numel() else val
+    if isinstance(val, np.ndarray):
+        return _ndarray_to_shm(val, created=created) if val.nbytes and not val.dtype.hasobject else val
+    if isinstance(val, dict):
+        if val.get("__tensor_shm__") or val.get("__ndarray_shm__"):
+            return val
+        return {k: _small_to_shm(v, created) for k, v in val.items()}
+    if isinstance(val, (list, tuple)):
+        return type(val)(_small_to_shm(v, created) for v in val)
+    return val
+
+
+def output_from_shared_memory(out: Any) -> Any:
+    """Executor side: copy ``out``'s shared-memory segments back into tensors/arrays and unlink
+    them (vLLM-Omni's ``unpack_diffusion_output_shm``). Also the way to free the segments of an
+    output nobody will read: after this call none is left in ``/dev/shm``."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+    from vllm_omni.diffusion.ipc import unpack_diffusion_output_shm
+
+    if isinstance(out, DiffusionOutput):
+        unpack_diffusion_output_shm(out)
+    return out

@@ -81,7 +81,9 @@ from vllm_omni.diffusion.executor.abstract import DiffusionExecutor
 
 from omni_ext import progress
 from omni_ext.executor import ascend, protocol
+from omni_ext.executor.role import new_board
 from omni_ext.models import families
+from omni_ext.platform import devices
 from omni_ext.scheduler import cost, placement
 from omni_ext.scheduler.config import omni_ext_section, scheduler_config
 from omni_ext.scheduler.order import Ticket, request_priority, request_waited_s, sort_key
@@ -158,6 +160,14 @@ class TunedExecutor(DiffusionExecutor):
                 raise ValueError(f"omni-ext TunedExecutor supports CFG and data parallel only ({name}={getattr(pc, name)}).")
         if getattr(pc, "use_hsdp", False):
             raise ValueError("omni-ext TunedExecutor does not support HSDP.")
+        if int(getattr(pc, "vae_patch_parallel_size", 1) or 1) > 1:
+            # vLLM-Omni's VAE patch parallel runs collectives over the whole worker world, which
+            # cannot work while ranks run different requests (data parallel, single-rank jobs).
+            raise ValueError(
+                f"omni-ext TunedExecutor: drop --vae-patch-parallel-size {pc.vae_patch_parallel_size}; the TunedExecutor "
+                "splits the Wan VAE decode (tiled or not) between the two ranks of a CFG pair itself "
+                "(omni_ext/executor/vae_pipeline.py), or serve with vLLM-Omni's executor to use its VAE patch parallel."
+            )
         self.cfg_size = int(pc.cfg_parallel_size or 1)
         if self.cfg_size not in (1, 2):
             raise ValueError(f"omni-ext TunedExecutor supports cfg_parallel_size 1 or 2, got {self.cfg_size}.")
@@ -166,8 +176,17 @@ class TunedExecutor(DiffusionExecutor):
             self.sched = scheduler_config(additional)
         except ValueError as exc:
             raise ValueError(f"omni-ext TunedExecutor: {exc}") from None
+        # The registered patch dp-world has already made omni-ext's data_parallel_size the stage's
+        # own, so vLLM-Omni's start-up counted, split and checked devices for this whole world; the
+        # check below is the executor's own (rank r uses local device r), for a start-up without it.
         dp = int(omni_ext_section(additional).get("data_parallel_size") or 0) or int(pc.data_parallel_size or 1)
         world = dp * self.cfg_size
+        visible, source = devices.visible_devices(current_omni_platform)
+        if world > visible:
+            raise ValueError(
+                f"omni-ext TunedExecutor: data_parallel_size {dp} x cfg_parallel_size {self.cfg_size} needs "
+                f"{world} devices (one per rank), but {visible} are visible ({source})."
+            )
         pc.data_parallel_size = dp
         pc.world_size = world
         cfg.num_gpus = world
@@ -240,8 +259,9 @@ class TunedExecutor(DiffusionExecutor):
         set_multiprocessing_worker_envs()
         ctx = multiprocessing.get_context("spawn")
         # One slot per rank: the sequence number of the job that rank must stop (shared memory, so
-        # a cancel reaches a rank in the middle of its forward without any message).
-        self._cancel_slots = ctx.Array("q", self.world, lock=False)
+        # a cancel reaches a rank in the middle of its forward without any message), and the cells
+        # in which a CFG pair agrees on its stop step (omni_ext.executor.role.pair_stop_now).
+        self._cancel_slots = new_board(ctx, self.world)
         self._procs: list = []
         self._conns: list = []
         self._send_locks = [threading.Lock() for _ in range(self.world)]
@@ -435,6 +455,11 @@ class TunedExecutor(DiffusionExecutor):
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         self._kill_workers()
+        # The workers are gone: each reader reads what is still in its pipe (freeing the shared
+        # memory of any last output) and stops at end of file; only then are the pipes closed.
+        for reader in getattr(self, "_threads", [])[: self.world]:
+            if reader is not threading.current_thread():
+                reader.join(max(0.5, deadline + 5 - time.monotonic()))
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -624,9 +649,23 @@ class TunedExecutor(DiffusionExecutor):
                 logger.exception("omni-ext: bad message from worker %d", rank)
                 continue
             if isinstance(msg, protocol.JobDone):
-                self._on_done(rank, msg)
+                self._on_done(rank, self._received(rank, msg))
             elif isinstance(msg, protocol.RpcResult):
                 self._on_rpc_result(rank, msg)
+
+    @staticmethod
+    def _received(rank: int, done: protocol.JobDone) -> protocol.JobDone:
+        """The output of a job as host tensors: copied out of the shared memory the worker put it in
+        (:mod:`omni_ext.executor.protocol`), and the segments unlinked, here in this rank's reader
+        thread (not under the executor's lock) and for every answer, also one that ``_on_done`` will
+        discard (a cancelled job, a shut-down executor), so that nothing is left in ``/dev/shm``."""
+        try:
+            protocol.output_from_shared_memory(done.out)
+        except Exception as exc:
+            logger.exception("omni-ext: the output of %s from worker %d could not be read", done.job_id, rank)
+            out = DiffusionOutput(error=f"omni-ext: the output from worker {rank} could not be read: {exc}")
+            return protocol.JobDone(done.job_id, rank, out, True, done.seconds)
+        return done
 
     def _on_rpc_result(self, rank: int, reply: protocol.RpcResult) -> None:
         with self._lock:

@@ -6,6 +6,10 @@ registering the tuned pipeline classes in this process only. It then serves the 
 messages (:mod:`omni_ext.executor.protocol`) one at a time: a :class:`~protocol.RunJob` is answered
 with a :class:`~protocol.JobDone`, a :class:`~protocol.CallRpc` with a :class:`~protocol.RpcResult`,
 and :class:`~protocol.Shutdown` ends the loop.
+
+A job's output leaves the worker as host memory in POSIX shared memory
+(:func:`~protocol.output_to_shared_memory`), never as a pickled tensor; its ``peak_memory_mb`` is this
+rank's own peak during the job (:func:`_run_job`).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
             if isinstance(msg, protocol.Shutdown):
                 break
             if isinstance(msg, protocol.RunJob):
-                protocol.send(conn, _run_job(worker, od_config, rank, msg))
+                _answer_job(conn, _run_job(worker, od_config, rank, msg))
             elif isinstance(msg, protocol.CallRpc):
                 _call(conn, worker, rank, msg)
     except (EOFError, OSError):
@@ -87,12 +91,20 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
 
 
 def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> protocol.JobDone:
-    """Run one request in the role the executor gave this rank; an exception becomes an error output."""
+    """Run one request in the role the executor gave this rank; an exception becomes an error output.
+
+    Peak memory: vLLM-Omni samples ``peak_memory_mb`` on global rank 0 only, so under this executor
+    (where every rank runs jobs of its own) any other rank's job reported 0. Each rank resets the
+    platform's peak counter before the job and reads it after (device memory on CUDA/NPU; on CPU the
+    worker process's resident-set high-water mark, :mod:`omni_ext.platform.memory`).
+    The owner's output then leaves as host memory in shared memory (:func:`_answer_job`)."""
     from vllm_omni.diffusion.data import DiffusionOutput
+    from vllm_omni.platforms import current_omni_platform
 
     pair = job.mode == JobMode.PAIR
     set_role(job.mode, cfg_rank=rank % job.cfg_size if pair else 0, cfg_size=job.cfg_size, seq=job.seq)
     t0 = time.perf_counter()
+    _reset_peak(current_omni_platform)
     try:
         out = worker.execute_model(job.req, od_config)
     except Exception as exc:
@@ -101,7 +113,47 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> pr
         ROLE.owner = True  # report the error from every rank that saw it
     owner = ROLE.owner if pair else True
     set_role(NO_JOB)
+    if owner and isinstance(out, DiffusionOutput):
+        out.peak_memory_mb = max(float(out.peak_memory_mb or 0.0), _peak_mb(current_omni_platform))
     return protocol.JobDone(job.job_id, rank, out if owner else None, owner, time.perf_counter() - t0)
+
+
+def _reset_peak(platform: Any) -> None:
+    try:
+        platform.reset_peak_memory_stats()
+    except Exception as exc:  # a platform without peak statistics: the figure stays what vLLM-Omni set
+        logger.debug("omni-ext: reset_peak_memory_stats: %s", exc)
+
+
+def _peak_mb(platform: Any) -> float:
+    try:
+        return platform.max_memory_reserved() / (1024**2)
+    except Exception as exc:
+        logger.debug("omni-ext: max_memory_reserved: %s", exc)
+        return 0.0
+
+
+def _answer_job(conn: Any, done: protocol.JobDone) -> None:
+    """Send a job's answer, its output as host memory in shared memory. A failed move (or a result
+    the protocol refuses) is answered as an error output; if the answer cannot be sent at all, the
+    segments are unlinked here, so that nothing is left in ``/dev/shm``."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    try:
+        protocol.output_to_shared_memory(done.out)  # on failure it has unlinked what it made
+        data = protocol.encode(done)
+    except Exception as exc:  # e.g. /dev/shm full, or a tensor outside the shared-memory fields
+        logger.exception("omni-ext worker %d: the result of %s could not be returned", done.rank, done.job_id)
+        protocol.output_from_shared_memory(done.out)
+        error = DiffusionOutput(error=f"omni-ext: the result could not be returned: {type(exc).__name__}: {exc}")
+    else:
+        try:
+            conn.send_bytes(data)
+        except BaseException:  # the executor is gone (or this worker is being stopped)
+            protocol.output_from_shared_memory(done.out)
+            raise
+        return
+    protocol.send(conn, protocol.JobDone(done.job_id, done.rank, error, True, done.seconds))
 
 
 def _call(conn: Any, worker: Any, rank: int, call: protocol.CallRpc) -> None:

@@ -259,6 +259,48 @@ COUPLINGS: tuple[Coupling, ...] = (
         why="replica-send-nonblocking wraps the head's request socket to a replica so that its sends cannot block.",
         used_in="omni_ext.patches.replica_send",
     ),
+    Coupling(
+        name="vllm_omni.config.omni_config:_DiffusionEngineOverrides.to_kwargs",
+        kind="method",
+        why="dp-world reads the stage's merged additional_config from the diffusion projection of its engine values.",
+        used_in="omni_ext.patches.dp_world",
+    ),
+    Coupling(
+        name="vllm_omni.engine.stage_init_utils:build_diffusion_config",
+        kind="call",
+        why=(
+            "dp-world relies on vLLM-Omni's own start-up check of the stage's world (with omni-ext's data "
+            "parallelism in it) against the visible devices; without it a layout too big for the host "
+            "would reach the TunedExecutor's own check only."
+        ),
+        used_in="omni_ext.patches.dp_world",
+        value="num_devices_per_stage = od_config.parallel_config.world_size",
+        token="build_diffusion_config",
+    ),
+    # ---- TunedExecutor outputs through shared memory (omni_ext.executor.protocol) -----------------
+    *_used_together(
+        "A job's output leaves a TunedExecutor worker in vLLM-Omni's shared-memory segment format: its "
+        "pack_diffusion_output_shm moves the large tensors, these move the small ones too (so no tensor "
+        "crosses the pipe) and unlink what a failed packing made; unpack_diffusion_output_shm reads them all.",
+        "omni_ext.executor.protocol",
+        ("vllm_omni.diffusion.ipc:_tensor_to_shm", "function", ("tensor", "created")),
+        ("vllm_omni.diffusion.ipc:_ndarray_to_shm", "function", ("array", "created")),
+        ("vllm_omni.diffusion.ipc:_unlink_shm_handles", "function", ("handles",)),
+    ),
+    *(
+        Coupling(
+            name=f"vllm_omni.diffusion.ipc:{reader}",
+            kind="call",
+            why=(
+                f"omni_ext.executor.protocol leaves a dict marked {marker!r} untouched as an already packed "
+                "segment; vLLM-Omni's unpacking must still recognise it by that key."
+            ),
+            used_in="omni_ext.executor.protocol",
+            value=f'"{marker}"',
+            token=f'"{marker}"',
+        )
+        for reader, marker in (("_unpack_if_shm_handle", "__tensor_shm__"), ("_ndarray_to_shm", "__ndarray_shm__"))
+    ),
 )
 
 

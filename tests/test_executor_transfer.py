@@ -1,0 +1,265 @@
+"""The TunedExecutor's accelerator path, tested on CPU (issue 17 items 1 and 4):
+
+- a job's output crosses the worker pipe as names of shared-memory segments (vLLM-Omni's own
+  format), never as a pickled tensor, and every segment is unlinked once read or discarded;
+- a CFG pair agrees on its cancel step through the executor's shared board, with no host
+  synchronization per denoise step: two real processes, a real gloo all-gather per step, vLLM-Omni's
+  own CFG-parallel step.
+
+The same paths through real servers (a pair video, a pair image, the per-rank peak memory on DP 2)
+are in ``tests/test_executor.py`` (they share its servers).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+SHM = Path("/dev/shm")
+
+
+def _segments(out) -> list[str]:
+    """The shared-memory segment names a packed output refers to."""
+    names: list[str] = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            if v.get("__tensor_shm__") or v.get("__ndarray_shm__"):
+                names.append(v["name"])
+            else:
+                for x in v.values():
+                    walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    for field in ("output", "media", "trajectory_latents", "trajectory_timesteps", "trajectory_log_probs"):
+        walk(getattr(out, field, None))
+    return names
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. Outputs through shared memory
+# --------------------------------------------------------------------------------------------------
+def test_job_done_with_a_tensor_or_too_many_bytes_is_refused() -> None:
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol
+
+    here, there = multiprocessing.Pipe()
+    with pytest.raises(protocol.TransferRefused, match="tensor"):
+        protocol.send(here, protocol.JobDone("omx-1", 0, DiffusionOutput(output=torch.zeros(2, 3)), True, 1.0))
+    big = DiffusionOutput(output=[b"x" * (protocol.MAX_JOB_DONE_BYTES + 1)])
+    with pytest.raises(protocol.TransferRefused, match="bytes"):
+        protocol.send(here, protocol.JobDone("omx-2", 0, big, True, 1.0))
+    assert not there.poll(0.1)  # nothing was sent
+    # other messages keep the plain pickler (an RPC may return a tensor)
+    protocol.send(here, protocol.RpcResult("rpc-1", 0, True, torch.ones(2)))
+    assert torch.equal(protocol.recv(there).result, torch.ones(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
+def test_output_round_trip_through_shared_memory_leaves_no_segment(dtype) -> None:
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol
+
+    small = (torch.rand(1, 3, 5, 8, 8) * 200).to(dtype)  # below vLLM-Omni's 1 MB threshold
+    large = (torch.rand(1, 3, 17, 128, 128) * 200).to(dtype)  # above it (uint8: 0.8 MB, still moved)
+    frames = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+    out = DiffusionOutput(output={"video": large, "extra": [small, frames]}, trajectory_latents=small.clone())
+    protocol.output_to_shared_memory(out)
+    names = _segments(out)
+    assert len(names) == 4 and all((SHM / n).exists() for n in names)
+    here, there = multiprocessing.Pipe()
+    protocol.send(here, protocol.JobDone("omx-1", 1, out, True, 2.0))
+    got = protocol.output_from_shared_memory(protocol.recv(there).out)
+    assert not any((SHM / n).exists() for n in names)  # read once, unlinked
+    assert got.output["video"].dtype == dtype and torch.equal(got.output["video"], large)
+    assert torch.equal(got.output["extra"][0], small) and np.array_equal(got.output["extra"][1], frames)
+    assert torch.equal(got.trajectory_latents, small)
+
+
+def test_failed_packing_unlinks_every_segment_it_made(monkeypatch) -> None:
+    from vllm_omni.diffusion import ipc
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol
+
+    made: list[str] = []
+    real = ipc._tensor_to_shm
+
+    def tensor_to_shm(tensor, d2h_stream=None, created=None):
+        handle = real(tensor, d2h_stream=d2h_stream, created=created)
+        made.append(handle["name"])
+        return handle
+
+    def ndarray_to_shm(array, created=None):
+        raise OSError(28, "No space left on device")  # /dev/shm full, after the tensors went in
+
+    monkeypatch.setattr(ipc, "_tensor_to_shm", tensor_to_shm)
+    monkeypatch.setattr(ipc, "_ndarray_to_shm", ndarray_to_shm)
+    out = DiffusionOutput(output=[torch.rand(400, 1000), torch.rand(4), np.ones(8)])  # 1.6 MB, small, array
+    with pytest.raises(OSError):
+        protocol.output_to_shared_memory(out)
+    assert len(made) == 2 and not any((SHM / n).exists() for n in made)
+
+
+def test_executor_reader_frees_the_segments_of_an_output_it_discards() -> None:
+    """A cancelled job's output, or one that arrives after the executor dropped the job, is discarded
+    by ``_on_done``; the reader has already copied it out and unlinked its segments."""
+    import threading
+
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol
+    from tests.test_executor import bare_executor, wan_request
+
+    ex = bare_executor(cfg_mode="pair", settle_s=0)
+    pipes = [multiprocessing.Pipe() for _ in range(2)]  # (worker end, executor end) per rank
+    ex._conns = [theirs for _, theirs in pipes]
+    readers = [threading.Thread(target=ex._reader, args=(r,), daemon=True) for r in range(2)]
+    for reader in readers:
+        reader.start()
+    job = ex._submit("video_a-0000000a", wan_request())
+    assert job.ranks == (0, 1)
+    ex.abort_requests(["video_a-0000000a"])  # running: cancelled, the output that still comes is discarded
+    out = DiffusionOutput(output=torch.rand(1, 3, 5, 8, 8))
+    protocol.output_to_shared_memory(out)
+    names = _segments(out)
+    protocol.send(pipes[0][0], protocol.JobDone(job.job_id, 0, None, False, 1.0))
+    protocol.send(pipes[1][0], protocol.JobDone(job.job_id, 1, out, True, 1.0))
+    assert job.future.result(timeout=10).aborted
+    for (mine, _), reader in zip(pipes, readers):
+        mine.close()
+        reader.join(10)
+    assert names and not any((SHM / n).exists() for n in names)
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. A CFG pair: no host synchronization per step, and both ranks stop at the same step
+# --------------------------------------------------------------------------------------------------
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+
+
+def _pair_rank(rank: int, port: int, board, barrier, plan: list, results) -> None:
+    """One CFG rank: for each (seq, steps, lag_s) of ``plan``, a job of ``steps`` denoise steps through
+    the tuned mixin and vLLM-Omni's CFG-parallel step (a real gloo all-gather each step); reports
+    (seq, the step it stopped at or None, host syncs counted during the job)."""
+    import time
+
+    import torch.distributed as dist
+    from vllm_omni.diffusion.data import DiffusionRequestAbortedError
+    from vllm_omni.diffusion.distributed import cfg_parallel
+
+    from omni_ext.executor.pipelines import _TunedCfgMixin
+    from omni_ext.executor.role import ROLE, set_role
+    from omni_ext.scheduler.placement import JobMode
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+
+    class Group:  # vLLM-Omni's CFG group's all_gather(separate_tensors=True), on the gloo group
+        def all_gather(self, t, separate_tensors=False):
+            parts = [torch.empty_like(t) for _ in range(2)]
+            dist.all_gather(parts, t.contiguous())
+            return parts
+
+    from vllm_omni.diffusion.distributed import parallel_state
+
+    cfg_parallel.get_cfg_group = parallel_state.get_cfg_group = lambda: Group()
+    cfg_parallel.get_classifier_free_guidance_rank = lambda: rank
+    cfg_parallel._get_cfg_world_size_or_one = lambda: 2
+
+    class Tiny(_TunedCfgMixin, cfg_parallel.CFGParallelMixin):
+        def predict_noise(self, latents, cond):
+            return torch.tanh(latents * cond)
+
+    counts = {"n": 0}
+    for name in SYNC_METHODS:
+        real = getattr(torch.Tensor, name)
+
+        def counting(self, *a, _real=real, **k):
+            counts["n"] += 1
+            return _real(self, *a, **k)
+
+        setattr(torch.Tensor, name, counting)
+
+    ROLE.rank, ROLE.cancel_slots = rank, board
+    pipe = Tiny()
+    for seq, steps, lag_s in plan:
+        barrier.wait()
+        set_role(JobMode.PAIR, cfg_rank=rank, cfg_size=2, seq=seq)
+        latents = torch.linspace(-1, 1, 64).reshape(1, 4, 16)
+        counts["n"], stopped = 0, None
+        try:
+            for _ in range(steps):
+                if lag_s and rank == 1:
+                    time.sleep(random.uniform(0, lag_s))  # this rank's host runs behind, by a varying lag
+                noise = pipe.predict_noise_maybe_with_cfg(
+                    True, 4.0, {"latents": latents, "cond": torch.full((1,), 1.0)},
+                    {"latents": latents, "cond": torch.full((1,), -0.5)}, cfg_normalize=False,
+                )
+                latents = latents - 0.05 * noise
+        except DiffusionRequestAbortedError:
+            stopped = ROLE.pair_step - 1
+        results.put((rank, seq, stopped, counts["n"], latents.sum().item()))
+    dist.destroy_process_group()
+
+
+def test_cfg_pair_has_no_per_step_host_sync_and_both_ranks_stop_at_the_same_step() -> None:
+    import queue
+    import socket
+    import time
+
+    from omni_ext.executor.role import new_board
+
+    ctx = multiprocessing.get_context("spawn")
+    board = new_board(ctx, 2)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # seq, steps, rank 1's lag per step (s). seq 1, 2: no cancel, 8 and 40 steps. 3: cancelled before
+    # the first step. 4..9: cancelled at a random moment mid-run, one rank lagging.
+    plan = [(1, 8, 0.0), (2, 40, 0.0), (3, 30, 0.0)] + [(seq, 400, 0.004) for seq in range(4, 10)]
+    barrier, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_pair_rank, args=(r, port, board, barrier, plan, results), daemon=True) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got: dict[int, dict[int, tuple]] = {}
+    rng = random.Random(17)
+    try:
+        for seq, steps, _ in plan:
+            if seq == 3:
+                board[0], board[1] = seq, seq  # the executor cancels before the ranks start
+            barrier.wait(timeout=120)
+            if seq >= 4:
+                time.sleep(rng.uniform(0.0, 0.2))
+                board[0] = seq  # the executor writes the pair's two slots one after the other
+                time.sleep(rng.uniform(0.0, 0.01))
+                board[1] = seq
+            for _ in range(2):
+                rank, s, stopped, syncs, total = results.get(timeout=120)  # a rank stuck in an all-gather: Empty
+                got.setdefault(s, {})[rank] = (stopped, syncs, total)
+    except queue.Empty:
+        pytest.fail(f"a CFG rank hung (results so far: {got})")
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    for seq, ranks in got.items():
+        assert ranks[0][0] == ranks[1][0], (seq, ranks)  # the same stop step on both ranks
+        assert ranks[0][2] == pytest.approx(ranks[1][2]), (seq, ranks)  # and the same latents
+    assert got[1][0][0] is None and got[2][0][0] is None  # not cancelled: ran to the end
+    assert got[3][0][0] == 0  # cancelled before the start: no step ran
+    assert sum(got[s][0][0] is not None and got[s][0][0] > 0 for s in range(4, 10)) >= 3  # stopped mid-run
+    # host synchronizations per job: none, for 8 and for 40 steps alike (the cancel flag that went
+    # through the all-gather and was read back with .item() made that one per step and rank)
+    for seq in (1, 2):
+        assert got[seq][0][1] == got[seq][1][1] == 0, got[seq]
