@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     from omni_ext.bench.cli import add_subcommands as add_bench_commands
 
     add_bench_commands(sub)
+    from omni_ext import device_check
+
+    p = sub.add_parser("device-check", help="prove the accelerator path on this host (scripts/device_check.sh)",
+                       description=device_check.__doc__.split("\n\n")[0])
+    device_check.add_arguments(p)
+    p.set_defaults(func=device_check.main)
     return parser
 
 
