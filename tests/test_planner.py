@@ -9,7 +9,7 @@ import pytest
 from omni_ext.presets import load_catalog, load_cost_table
 from omni_ext.presets.costs import Topology, parse_cost_table
 from omni_ext.presets.planner import estimate, plan
-from omni_ext.presets.validate import requests_use_cfg
+from omni_ext.presets.shared import requests_use_cfg
 
 COSTS = load_cost_table()
 

@@ -38,7 +38,8 @@ from omni_ext.presets.render import (
     request_hint,
     scheduler_seed,
 )
-from omni_ext.presets.validate import TUNED_EXECUTOR, check_preset, check_qualname, tuned_executor_refusal
+from omni_ext.presets.shared import parse_size, tuned_executor_refusal
+from omni_ext.presets.validate import CHECK_RULES, TUNED_EXECUTOR, check_preset, check_qualname
 from omni_ext.scheduler.config import scheduler_config
 from omni_ext.server_process import ServeProcess
 from tests.media import decode_mp4, decode_png
@@ -184,6 +185,23 @@ def test_seconds_and_bad_frame_counts_are_refused() -> None:
     msgs = errors(BASE.replace(request_defaults={**BASE.request_defaults, "seconds": 5, "num_frames": 80}))
     assert any("seconds x 24" in m for m in msgs)
     assert any("4k+1" in m for m in msgs)
+
+
+def test_each_finding_names_its_rule_and_a_gate_ends_the_check() -> None:
+    found = check_preset(BASE.replace(topology=Topology(cfg=3), request_defaults={**BASE.request_defaults, "seconds": 5}))
+    assert {("cfg_branches", "error"), ("no_seconds", "error")} <= {(i.rule, i.level) for i in found}
+    assert all(i.rule in {r.name for r in CHECK_RULES} for i in found)
+    unknown = check_preset(BASE.replace(model="nope", topology=Topology(cfg=0)))
+    assert [(i.rule, i.level) for i in unknown] == [("known_model", "error")]
+
+
+def test_a_preset_size_parses_as_a_request_size() -> None:
+    assert parse_size(" 832 X 480 ") == (832, 480)
+    for bad in ("832", "-832x480", "832x480x2", "8_32x480", None):
+        with pytest.raises(PresetError, match="size must look like 832x480"):
+            parse_size(bad)
+    msgs = errors(BASE.replace(request_defaults={**BASE.request_defaults, "size": "-832x480"}))
+    assert any("size must look like 832x480" in m for m in msgs)
 
 
 def test_executor_and_scheduler_must_import_and_subclass() -> None:

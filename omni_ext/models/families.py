@@ -89,12 +89,15 @@ class ModelFamily:
         frames = (_get(sp, "num_frames") or self.native.num_frames) if self.is_video else 1
         return int(w), int(h), int(frames), int(steps)
 
+    def latent_tokens(self, width: float, height: float, frames: float = 1) -> float:
+        """Transformer tokens of a ``width`` x ``height`` x ``frames`` output (one frame for an image)."""
+        latent_frames = 1 + (max(1, int(frames)) - 1) / self.latent_temporal
+        return (height / self.latent_spatial) * (width / self.latent_spatial) * latent_frames
+
     def cost_units(self, sp: Any, cfg: bool) -> float:
         """A request's expected work in arbitrary units: denoise steps x tokens x branches, plus decode."""
         w, h, frames, steps = self.shape_of(sp)
-        latent_frames = 1 + (max(1, int(frames)) - 1) / self.latent_temporal
-        tokens = (h / self.latent_spatial) * (w / self.latent_spatial) * latent_frames
-        return float(tokens * (steps * (2 if cfg else 1) + self.decode_units))
+        return float(self.latent_tokens(w, h, frames) * (steps * (2 if cfg else 1) + self.decode_units))
 
 
 _WAN_NATIVE = NativeShape(width=832, height=480, num_frames=81, fps=16, steps=50)

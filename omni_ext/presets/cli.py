@@ -73,8 +73,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    from omni_ext.presets.planner import preset_estimate
     from omni_ext.presets.render import request_hint
-    from omni_ext.presets.validate import check_preset, preset_estimate
+    from omni_ext.presets.validate import check_preset
 
     preset = get_preset(args.name)
     costs = load_cost_table()
@@ -194,12 +195,11 @@ def _matching_presets(model: str, family: str, count: int, topology: object, hos
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from omni_ext.presets.planner import plan
+    from omni_ext.presets.shared import parse_size
 
     costs = load_cost_table()
     request = {}
     if args.size:
-        from omni_ext.presets.render import parse_size
-
         request["width"], request["height"] = parse_size(args.size)
     if args.frames:
         request["num_frames"] = args.frames

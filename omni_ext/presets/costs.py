@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from omni_ext.models.families import CfgRule, ModelFamily, family_of
+from omni_ext.models.families import FAMILIES, CfgRule, ModelFamily, family_of
 
 
 @dataclass(frozen=True)
@@ -104,17 +104,12 @@ class ModelSpec:
         return self.dit_gb / max(1, tp) + self.other_gb + self.activation_gb
 
     def tokens(self, request: dict[str, Any]) -> float:
-        """Latent tokens of a request: the family's pixels per token (Wan/Qwen-Image: VAE /8 and 2x2 patches = 16)
-        and, for video, frames per latent frame (4)."""
-        family = self.family
-        spatial = float(family.latent_spatial if family else 16)
+        """Latent tokens of a request (fields it leaves out: the reference request's), by the family
+        table's formula (:meth:`ModelFamily.latent_tokens`; a model without a family counts like Wan)."""
         width = float(request.get("width", self.reference["width"]))
         height = float(request.get("height", self.reference["height"]))
-        tokens = (width / spatial) * (height / spatial)
-        if self.kind == "video":
-            frames = float(request.get("num_frames", self.reference["num_frames"]))
-            tokens *= (frames - 1) / float(family.latent_temporal if family else 4) + 1
-        return tokens
+        frames = request.get("num_frames", self.reference["num_frames"]) if self.kind == "video" else 1
+        return (self.family or FAMILIES[0]).latent_tokens(width, height, frames)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from omni_ext.presets.catalog import Preset
 from omni_ext.presets.costs import Anchor, CostTable, DeviceSpec, Figure, ModelSpec, Topology, load_cost_table
+from omni_ext.presets.shared import planner_request, requests_use_cfg, tuned_refusal
 
 OBJECTIVES = ("latency", "throughput", "balanced", "auto")
 _AXES = (("cfg", "cfg"), ("u", "ulysses"), ("r", "ring"), ("tp", "tp"))
@@ -296,6 +298,16 @@ def estimate(
     return est
 
 
+
+def preset_estimate(preset: Preset, costs: CostTable | None = None) -> tuple[DeviceSpec, Estimate]:
+    """The planner's estimate for ``preset`` on its family's reference device, with its own request."""
+    costs = costs or load_cost_table()
+    device = costs.reference_device(preset.device)
+    # Every host's replicas serve requests: throughput counts them all; latency is one replica's.
+    est = estimate(costs.model(preset.model), device, preset.total_topology, requests_use_cfg=requests_use_cfg(preset, costs),
+                   request=planner_request(preset), costs=costs)
+    return device, est
+
 # ----------------------------------------------------------------------------------------------
 # topology choice
 
@@ -407,8 +419,6 @@ def plan(
 def _layout(costs: CostTable, model: ModelSpec, topo: Topology, reasons: list[str]) -> str | None:
     """Where omni-ext's TunedExecutor runs the topology: say so, and for several groups on one host, say
     whether they are replicas or one executor's data-parallel groups and why (``one_host_layout``)."""
-    from omni_ext.presets.validate import tuned_refusal
-
     refusal = tuned_refusal(model, topo)
     if refusal is not None:
         reasons.append(f"Executor: vLLM-Omni's own; omni-ext's TunedExecutor does not apply: {refusal}")

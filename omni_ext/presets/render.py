@@ -18,7 +18,6 @@ import copy
 import json
 import shlex
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -27,6 +26,8 @@ from omni_ext.models.families import FAMILIES, cost_units, family_of
 from omni_ext.presets.catalog import ROLES, Preset, PresetError
 from omni_ext.presets.costs import CostTable, load_cost_table
 from omni_ext.presets.pipelines import OMNI_EXT_PIPELINES
+from omni_ext.presets.planner import preset_estimate
+from omni_ext.presets.shared import PresetSampling, parse_size, planner_request, requests_use_cfg
 
 FORMATS = ("cmd", "yaml", "env", "script")
 #: ``--omni-master-port`` when the operator names none (vLLM-Omni 0.30 has no default for it).
@@ -136,14 +137,6 @@ def parse_devices(text: str) -> list[int]:
     return out
 
 
-def parse_size(size: str) -> tuple[int, int]:
-    try:
-        w, h = str(size).lower().split("x")
-        return int(w), int(h)
-    except ValueError as exc:
-        raise PresetError(f"size must look like 832x480, got {size!r}") from exc
-
-
 def default_sampling_params(preset: Preset) -> dict[str, Any]:
     """Server-side defaults derived from ``request_defaults`` (prompts and ``seconds`` are not sampling params)."""
     req = preset.request_defaults
@@ -183,10 +176,6 @@ def scheduler_seed(preset: Preset, costs: CostTable | None = None) -> float | No
     whose time is per-request overhead that does not scale with the units (the planner's 0.003 s
     for a tiny Wan video would tell the scheduler that every job is free).
     """
-    # validate imports this module, so its helpers (the preset's request and estimate, as
-    # ``presets show`` prints them) are imported here.
-    from omni_ext.presets.validate import planner_request, preset_estimate, requests_use_cfg
-
     costs = costs or load_cost_table()
     if costs.platform(preset.device) == "cpu":
         return None
@@ -195,8 +184,8 @@ def scheduler_seed(preset: Preset, costs: CostTable | None = None) -> float | No
         return None
     spec = costs.model(preset.model)
     req = {**spec.reference, **planner_request(preset)}  # the request the estimate is for
-    sp = SimpleNamespace(width=req["width"], height=req["height"], num_frames=req.get("num_frames"),
-                         num_inference_steps=req["steps"])
+    sp = PresetSampling(width=req["width"], height=req["height"], num_frames=req.get("num_frames"),
+                        num_inference_steps=req["steps"])
     units = cost_units(spec.pipeline_class, sp, cfg=requests_use_cfg(preset, costs))
     return float(f"{est.latency_s / units:.3g}")
 
