@@ -3,6 +3,7 @@ rule, the cost rate and the time limits, on plain data, without vLLM or a server
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -160,7 +161,7 @@ def test_scheduler_imports_without_vllm_or_torch() -> None:
 
 # ---- options, order, admission, cost model (issue 10) --------------------------------------------
 from omni_ext.scheduler import admission as adm  # noqa: E402
-from omni_ext.scheduler.config import SchedulerConfig, scheduler_config  # noqa: E402
+from omni_ext.scheduler.config import CfgMode, SchedulerConfig, scheduler_config  # noqa: E402
 from omni_ext.scheduler.cost import CostModel, remaining_s, shape_key  # noqa: E402
 from omni_ext.scheduler.order import Ticket, effective_priority, in_order  # noqa: E402
 
@@ -170,6 +171,8 @@ def test_options_come_from_additional_config_and_typos_fail() -> None:
     assert scheduler_config('{"omni_ext": {"data_parallel_size": 2}}') == SchedulerConfig()
     cfg = scheduler_config({"omni_ext": {"scheduler": {"max_wait_s": 30, "cfg_mode": "pair", "order": "fifo"}}})
     assert (cfg.max_wait_s, cfg.cfg_mode, cfg.order) == (30.0, "pair", "fifo")
+    # one enum, still its string wherever it is written (JSON, logs)
+    assert cfg.cfg_mode is CfgMode.PAIR and json.dumps(cfg.cfg_mode) == '"pair"' and f"{cfg.cfg_mode}" == "pair"
     assert cfg.margin_s == 1.5  # 5 % of the bound
     assert SchedulerConfig(max_wait_s=4).margin_s == 0.5  # at least half a second
     for bad, needle in [

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_ext.models import families
-from omni_ext.scheduler.config import omni_ext_section
+from omni_ext.scheduler.config import CfgMode, omni_ext_section
 
 #: ``--distributed-executor-backend`` of omni-ext's executor ends with this class name.
 TUNED_EXECUTOR = "TunedExecutor"
@@ -39,7 +39,7 @@ class ServerLayout:
         name = getattr(self.executor, "__name__", None) or str(self.executor or "")
         return name.endswith(TUNED_EXECUTOR)
 
-    def replica_slots(self, cfg_mode: str, pipeline: str | None) -> int:
+    def replica_slots(self, cfg_mode: CfgMode, pipeline: str | None) -> int:
         """Jobs one replica runs at once. vLLM-Omni's executor runs one request at a time. The
         TunedExecutor runs one per rank where a request can use part of a CFG group (a model with
         omni-ext's tuned pipeline, ``cfg_mode`` "adaptive" or "single"), else one per CFG group."""
@@ -47,9 +47,9 @@ class ServerLayout:
             return 1
         family = families.family_of(pipeline)
         splits_groups = family is not None and family.splits_cfg_groups
-        return self.dp * self.cfg if splits_groups and cfg_mode != "pair" else self.dp
+        return self.dp * self.cfg if splits_groups and cfg_mode != CfgMode.PAIR else self.dp
 
-    def slots(self, cfg_mode: str, pipeline: str | None) -> int:
+    def slots(self, cfg_mode: CfgMode, pipeline: str | None) -> int:
         """Jobs the server's replicas (as configured at start-up) run at once."""
         return self.replicas * self.replica_slots(cfg_mode, pipeline)
 

@@ -24,8 +24,9 @@ from typing import Any
 from omni_ext.bench import common as c
 from omni_ext.bench.client import sync_burst, sync_request
 from omni_ext.bench.logwatch import LogWatcher, mode_counts
+from omni_ext.scheduler.config import CfgMode
 
-MODES = ("pair", "single", "adaptive")
+MODES = (CfgMode.PAIR, CfgMode.SINGLE, CfgMode.ADAPTIVE)
 GOALS = {
     "adaptive.low_load_latency_ratio": ("<=", 1.05),
     "adaptive.high_load_throughput_ratio": (">=", 1.15),
@@ -39,7 +40,7 @@ QUICK = {"size": "64x64", "frames": 9, "steps": 6, "low_load_requests": 2, "conc
          "skip_ceiling": True}
 
 
-def server_name(mode: str) -> str:
+def server_name(mode: CfgMode) -> str:
     return f"tuned_cfg2_{mode}"
 
 

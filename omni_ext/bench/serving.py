@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from omni_ext.bench import common as c
+from omni_ext.scheduler.config import CfgMode
 
 KINDS = ("video", "image")
 MODES = ("async", "sync")
@@ -98,9 +99,9 @@ def suite(kind: str) -> list[Config]:
         Config("stock-dp2", "serve", args=["--num-gpus", "2", "--stage-overrides", '{"0": {"data_parallel_size": 2}}']),
         replicas_config(kind, tuned=False),
         replicas_config(kind, tuned=True),
-        Config("tuned-cfg2", "serve", args=[*cfg2, *tuned, *c.additional_config(scheduler={"cfg_mode": "pair"})]),
+        Config("tuned-cfg2", "serve", args=[*cfg2, *tuned, *c.additional_config(scheduler={"cfg_mode": CfgMode.PAIR})]),
         Config("tuned-dp2", "serve", args=[*tuned, *c.additional_config(data_parallel_size=2)]),
-        Config("adaptive", "serve", args=[*cfg2, *tuned, *c.additional_config(scheduler={"cfg_mode": "adaptive"})]),
+        Config("adaptive", "serve", args=[*cfg2, *tuned, *c.additional_config(scheduler={"cfg_mode": CfgMode.ADAPTIVE})]),
     ]
 
 

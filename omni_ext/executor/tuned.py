@@ -1,62 +1,39 @@
 """``TunedExecutor``: CFG parallel end to end, real data parallel, no wasted rank, fast failure.
 
 Selected with ``--distributed-executor-backend omni_ext.executor.TunedExecutor`` (or a deploy
-YAML's ``distributed_executor_backend``). It implements vLLM-Omni 0.30's ``DiffusionExecutor``
+YAML's ``distributed_executor_backend``); what it gives a user, its limits and its measured figures
+are the README's "Tuned executor" section. It implements vLLM-Omni 0.30's ``DiffusionExecutor``
 contract; the engine, scheduler, model runner, worker and pipelines are vLLM-Omni's own (the
 pipelines as thin subclasses, :mod:`omni_ext.executor.pipelines`).
 
-Layout. ``W = data_parallel_size x cfg_parallel_size`` worker processes (cfg 1 or 2; no TP/SP/PP).
-``data_parallel_size`` comes from vLLM-Omni's parallel config when it is > 1, else from
-``--additional-config '{"omni_ext": {"data_parallel_size": N}}'``. vLLM-Omni's own group layout is
-kept: group ``g`` is ranks ``[g*cfg, g*cfg + cfg)``; its CFG process group is the one
-vLLM-Omni's workers create.
+This module is the mechanism only. What it decides with it is pure code, documented where it is
+done: which queued job starts first (:mod:`omni_ext.scheduler.order`), on which ranks and in which
+mode (:mod:`omni_ext.scheduler.placement`: pair, single rank, warm-up on every rank, ``cfg_mode``,
+settling), what a job is expected to cost and its time limit (:mod:`omni_ext.scheduler.cost`),
+whether a request runs CFG and its cost units (:mod:`omni_ext.models.families`); the options are
+:mod:`omni_ext.scheduler.config`.
 
-Dispatch. ``execute_batch`` does not block the engine: it queues each scheduled request as a job
-and returns at once with an ``async_output_id``; the engine waits on ``wait_output_ready`` outside
-its busy loop, so it immediately schedules the next request. Each time the queue or the set of
-free ranks changes, the queue is put in the scheduler's order and placed (pure rules, unit-tested
-in ``tests/test_scheduler.py``; options from ``--additional-config '{"omni_ext": {"scheduler": ...}}'``,
-:mod:`omni_ext.scheduler.config`):
+Processes. ``W = data_parallel_size x cfg_parallel_size`` spawned worker processes
+(:mod:`omni_ext.executor.worker`), rank ``r`` on local device ``r``; group ``g`` is ranks
+``[g*cfg, g*cfg + cfg)``, vLLM-Omni's own layout, and its CFG process group the one vLLM-Omni's
+workers create. ``data_parallel_size`` is the stage's (patch ``dp-world``) or
+``omni_ext.data_parallel_size``.
 
-- order (:mod:`omni_ext.scheduler.order`): the client's ``priority`` first (lower earlier; the API
-  process passes it as ``sampling_params.extra_args["omni_ext_priority"]``), improved by one for
-  every ``aging_s`` waited; then the longest predicted job (``order="cost"``) or arrival
-  (``"fifo"``). Placement starts jobs in that order, no overtaking: the first job that cannot start
-  holds the ones behind it, so a job that needs a whole CFG group cannot starve;
-- a request that runs both guidance branches, on a cfg-2 layout (PAIR job), runs as ``cfg_mode``
-  says: ``"pair"`` on a whole free CFG group (one branch per rank, lowest latency); ``"single"`` on
-  one rank that runs both branches in turn (the group serves two such requests at once, more
-  throughput); ``"adaptive"`` (the default) as a pair while the free groups are enough for it and
-  every job queued behind it, else on one rank. The output is the same bytes either way. Models
-  without a tuned pipeline always run pairs;
-- any other request (CFG off: Wan guidance <= 1, Qwen-Image without a negative prompt; or a cfg-1
-  layout) takes ONE free rank (SINGLE job), preferring a rank whose partner is busy, so whole
-  groups stay free for pair jobs. A cfg-2 group therefore serves two CFG-free requests at once;
-- an idle executor waits ``settle_s`` (0.05 s) after the first job arrives before it starts
-  anything, so a burst (whose requests arrive a few milliseconds apart) is ordered and placed whole;
-  a timer re-runs the rules when that time is up;
-- vLLM-Omni's start-up warm-up (CFG-free for the models with a tuned pipeline) goes first and runs
-  once on every rank. Models without one (no ``tuned_class`` in :mod:`omni_ext.models.families`)
-  keep vLLM-Omni's rule: every request takes a whole CFG group.
-
-Costs (:class:`omni_ext.scheduler.cost.CostModel`, seeded with ``seconds_per_unit``): seconds per
-cost unit learned from the jobs that ran to completion, per shape class and per mode the ranks ran
-it in (a CFG request on a pair takes about half the time it takes on one rank). A queued PAIR job
-that may run on one rank is predicted as on one rank when that was measured (an upper bound).
-When a job starts, the executor writes its start marker through :mod:`omni_ext.progress`
-(:func:`~omni_ext.progress.mark_started`), so the API process knows it runs and is no longer queued.
-
-This class keeps only the mechanism: locks, worker pipes (:mod:`omni_ext.executor.protocol`), futures.
-
-A rank is free again as soon as it answers, and a request is answered as soon as the rank holding
-its output answers (for Qwen-Image CFG rank 1 skips the VAE decode and is free early).
+Pipes and futures. ``execute_batch`` does not block the engine: it queues each scheduled request as
+a job and returns at once with an ``async_output_id``; the engine waits on ``wait_output_ready``'s
+future outside its busy loop, so it schedules the next request at once. Under one lock, each change
+to the queue or to the free ranks (a submit, an answer, a cancel, the settle timer) asks placement
+what starts now, marks it started for the API process (:func:`omni_ext.progress.mark_started`) and
+sends it to its ranks' pipes (:mod:`omni_ext.executor.protocol`). One reader thread per rank takes
+the answers: a rank is free again as soon as it answers, and a request is answered as soon as the
+rank holding its output answers (for Qwen-Image CFG rank 1 skips the VAE decode and is free early).
+A cancel reaches a running rank through shared memory (:mod:`omni_ext.executor.role`), not the pipe.
 
 Failure. A monitor thread waits on the worker processes' sentinels: when one dies, every request
 queued or running fails at once with an error naming the worker, the signal and the request, the
 remaining workers are stopped, ``check_health`` raises ``EngineDeadError`` (``/health`` -> 503) and
-the engine's failure callbacks run. Time limits are per job, a multiple of the job's expected cost
-learned from finished jobs (:func:`omni_ext.scheduler.cost.job_time_limit_s`), never vLLM-Omni's
-fixed 600 s; an over-limit job fails the same way (its CFG group can no longer be trusted).
+the engine's failure callbacks run. A watchdog thread fails the executor the same way when a job
+overruns its time limit (its CFG group can no longer be trusted).
 """
 
 from __future__ import annotations
@@ -85,7 +62,7 @@ from omni_ext.executor.role import new_board
 from omni_ext.models import families
 from omni_ext.platform import devices
 from omni_ext.scheduler import cost, placement
-from omni_ext.scheduler.config import omni_ext_section, scheduler_config
+from omni_ext.scheduler.config import CfgMode, omni_ext_section, scheduler_config
 from omni_ext.scheduler.order import Ticket, request_priority, request_waited_s, sort_key
 from omni_ext.scheduler.placement import JobMode, JobNeeds
 
@@ -200,7 +177,7 @@ class TunedExecutor(DiffusionExecutor):
         # other model's requests take the whole group, as under vLLM-Omni's own executor, and its
         # warm-up is an ordinary request.
         self._tuned_model = family is not None and family.splits_cfg_groups
-        self.cfg_mode = self.sched.cfg_mode if self._tuned_model else "pair"
+        self.cfg_mode = self.sched.cfg_mode if self._tuned_model else CfgMode.PAIR
 
         # vLLM-Omni's engine waits at most VLLM_OMNI_ASYNC_OUTPUT_TIMEOUT (600 s) for an async output;
         # here a request may queue behind others and long videos take longer, and this executor
@@ -509,8 +486,8 @@ class TunedExecutor(DiffusionExecutor):
         """Predicted seconds of a queued job. One that may run on a pair or on one rank (cfg_mode
         "adaptive") is predicted as on one rank when that was measured: an upper bound, and the mode
         it runs in whenever others wait, which is when the prediction matters."""
-        if job.needs.mode is JobMode.PAIR and self.cfg_mode != "pair":
-            modes = (JobMode.SINGLE, JobMode.PAIR) if self.cfg_mode == "adaptive" else (JobMode.SINGLE,)
+        if job.needs.mode is JobMode.PAIR and self.cfg_mode != CfgMode.PAIR:
+            modes = (JobMode.SINGLE, JobMode.PAIR) if self.cfg_mode == CfgMode.ADAPTIVE else (JobMode.SINGLE,)
         else:
             modes = (job.needs.mode,)
         known = [key for key in (self._cost_key(job, m) for m in modes) if key in self.costs.by_shape]

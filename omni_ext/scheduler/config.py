@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, fields
+from enum import Enum
 from typing import Any, Literal
 
-CfgMode = Literal["adaptive", "pair", "single"]
+
+class CfgMode(str, Enum):
+    """``cfg_mode``: how a request that runs both CFG branches uses a CFG-2 group (the rule is
+    :mod:`omni_ext.scheduler.placement`'s). A ``str``, so that it reads, prints and serializes as its
+    value ("pair" in JSON, logs and f-strings) and equals that string."""
+
+    ADAPTIVE = "adaptive"
+    PAIR = "pair"
+    SINGLE = "single"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 Order = Literal["cost", "fifo"]
-CFG_MODES: tuple[str, ...] = ("adaptive", "pair", "single")
 ORDERS: tuple[str, ...] = ("cost", "fifo")
 
 
@@ -51,7 +64,7 @@ class SchedulerConfig:
 
     max_wait_s: float = 300.0
     aging_s: float = 120.0
-    cfg_mode: CfgMode = "adaptive"
+    cfg_mode: CfgMode = CfgMode.ADAPTIVE
     order: Order = "cost"
     settle_s: float = 0.05
     seconds_per_unit: float | None = None
@@ -64,8 +77,11 @@ class SchedulerConfig:
             raise ValueError(f"omni_ext.scheduler.aging_s must be >= 0 (0: no aging), got {self.aging_s!r}")
         if self.settle_s < 0:
             raise ValueError(f"omni_ext.scheduler.settle_s must be >= 0, got {self.settle_s!r}")
-        if self.cfg_mode not in CFG_MODES:
-            raise ValueError(f"omni_ext.scheduler.cfg_mode must be one of {CFG_MODES}, got {self.cfg_mode!r}")
+        try:
+            object.__setattr__(self, "cfg_mode", CfgMode(self.cfg_mode))
+        except ValueError:
+            modes = tuple(m.value for m in CfgMode)
+            raise ValueError(f"omni_ext.scheduler.cfg_mode must be one of {modes}, got {self.cfg_mode!r}") from None
         if self.order not in ORDERS:
             raise ValueError(f"omni_ext.scheduler.order must be one of {ORDERS}, got {self.order!r}")
         if self.seconds_per_unit is not None and not self.seconds_per_unit > 0:

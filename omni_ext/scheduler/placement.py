@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
 
+from omni_ext.scheduler.config import CfgMode
+
 
 class JobMode(str, Enum):
     """How a job uses the ranks of the layout (a ``str``, so it travels and compares as its value)."""
@@ -121,7 +123,7 @@ def next_placements(
     layout: Layout,
     *,
     hold: bool = False,
-    cfg_mode: str = "pair",
+    cfg_mode: CfgMode = CfgMode.PAIR,
     now: float = 0.0,
     settle_s: float = 0.0,
 ) -> list[Start[J]]:
@@ -138,7 +140,7 @@ def next_placements(
     starts: list[Start[J]] = []
     for i, job in enumerate(queue):
         mode = _mode_now(job.needs.mode, cfg_mode, waiting=len(queue) - i, free=free, layout=layout)
-        if mode is JobMode.PAIR and cfg_mode == "adaptive" and now - job.needs.arrival < settle_s:
+        if mode is JobMode.PAIR and cfg_mode == CfgMode.ADAPTIVE and now - job.needs.arrival < settle_s:
             break  # too early to tell an idle server from the first request of a burst
         ranks = _ranks_for(mode, free, layout)
         if ranks is None:
@@ -152,12 +154,12 @@ def _whole_free_groups(free: set[int], layout: Layout) -> int:
     return sum(1 for g in layout.groups if free.issuperset(g))
 
 
-def _mode_now(mode: JobMode, cfg_mode: str, *, waiting: int, free: set[int], layout: Layout) -> JobMode:
+def _mode_now(mode: JobMode, cfg_mode: CfgMode, *, waiting: int, free: set[int], layout: Layout) -> JobMode:
     """How a job placed now runs: a PAIR job becomes SINGLE under ``cfg_mode`` "single", and under
     "adaptive" when the whole free groups are fewer than the ``waiting`` jobs (it and those behind it)."""
-    if mode is not JobMode.PAIR or cfg_mode == "pair":
+    if mode is not JobMode.PAIR or cfg_mode == CfgMode.PAIR:
         return mode
-    if cfg_mode == "adaptive" and _whole_free_groups(free, layout) >= waiting:
+    if cfg_mode == CfgMode.ADAPTIVE and _whole_free_groups(free, layout) >= waiting:
         return JobMode.PAIR
     return JobMode.SINGLE
 
