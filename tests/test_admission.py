@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import time
 import warnings
 from pathlib import Path
@@ -21,21 +20,19 @@ from types import SimpleNamespace
 import pytest
 import requests
 from prometheus_client import REGISTRY, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from omni_ext.api import limits
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, retry_headers, too_busy
 from omni_ext.api.forms import Body, priority_of
 from omni_ext.api.layout import ServerLayout, server_layout
-from omni_ext.api.queue import PRIORITY_ARG, RequestQueue, job_shape, with_priority
-from omni_ext.api.state import VideoBackend, request_queue
+from omni_ext.api.queue import PRIORITY_ARG, job_shape, with_priority
+from omni_ext.api.state import request_queue
 from omni_ext.api.validation import ModelLimits
 from omni_ext.api.videos import build_video_request
 from omni_ext.models import families
 from omni_ext.progress import StepProgress
-from omni_ext.scheduler.config import SchedulerConfig
-from tests.test_api_units import api_state
+from tests.helpers import JOB, SHAPE, Engine, api_state, fake_queue, fill, scrape, serve_in_process, wait_all, wait_idle
 
 TUNED = "omni_ext.executor.TunedExecutor"
 WAN = ModelLimits("WanPipeline", 16, 1, True)
@@ -137,26 +134,6 @@ def test_retry_headers_and_the_openai_error_body() -> None:
 
 
 # ---- the queue's account, on a fake clock and fake progress files ----------------------------------
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def fake_queue(*, tuned: bool = True, slots: int = 1, max_jobs: int | None = None, seed: float = 1 / 576,
-               max_wait_s: float = 2.0) -> tuple[RequestQueue, Clock, dict[str, StepProgress]]:
-    """A queue whose 64x64x9, 4-step Wan jobs (576 units) are predicted at 1 s each."""
-    clock, files = Clock(), {}
-    queue = RequestQueue(SchedulerConfig(max_wait_s=max_wait_s, seconds_per_unit=seed), slots, tuned=tuned, model="tiny",
-                         max_jobs=max_jobs, clock=clock, wall=clock, progress=files.get)
-    return queue, clock, files
-
-
-SHAPE = job_shape("WanPipeline", width=64, height=64, frames=9, steps=4)
-
-
 def test_admission_bound_429_and_capacity_freed_by_a_cancel() -> None:
     queue, clock, files = fake_queue()
     refused = sample("omni_ext:requests_refused_total", reason="queue_full")
@@ -229,14 +206,6 @@ def test_queue_depth_is_read_when_metrics_are_scraped() -> None:
 
 
 # ---- a synchronous client that goes away -------------------------------------------------------
-class Engine:
-    def __init__(self) -> None:
-        self.aborted: list[str] = []
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-
-
 class GoneRequest:
     """A request whose client disconnects after ``after`` seconds (the body was read already)."""
 
@@ -279,41 +248,6 @@ def test_a_client_that_goes_away_frees_its_slot_at_once(tmp_path: Path) -> None:
 
 
 # ---- the routes in process: a video handler that blocks, no engine ---------------------------------
-class BlockingHandler:
-    """vLLM-Omni's video handler as the routes call it; every generation waits until cancelled."""
-
-    def __init__(self) -> None:
-        self.requests: dict[str, object] = {}
-
-    async def _run_and_extract(self, vreq, request_id, reference_image=None, on_started=None):
-        self.requests[request_id] = vreq
-        await asyncio.Event().wait()
-
-
-@contextlib.contextmanager
-def serve_in_process(tmp_path: Path, limits: ModelLimits):
-    """omni-ext's router on a bare FastAPI app (a :class:`BlockingHandler`, no engine): one slot,
-    1 s predicted per 576 cost units (a TINY video), a 2 s bound."""
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-
-    from omni_ext.api.routes import build_router
-
-    files: dict[str, StepProgress] = {}
-    queue = RequestQueue(SchedulerConfig(max_wait_s=2, seconds_per_unit=1 / 576), 1, tuned=True, model="tiny",
-                         progress=files.get)
-    state = api_state(tmp_path, limits, queue=queue)
-    handler, engine = BlockingHandler(), Engine()
-    state.video = VideoBackend(handler=handler, defaults={})
-    app = FastAPI()
-    app.include_router(build_router())
-    app.state.omni_ext, app.state.engine_client = state, engine
-    with TestClient(app) as client:
-        yield client, state, files, handler, engine
-        for job_id in list(state.tasks):  # stop the blocked generations on the client's loop
-            client.delete(f"/v1/videos/{job_id}")
-
-
 @pytest.fixture
 def app_client(tmp_path: Path):
     with serve_in_process(tmp_path, WAN) as served:
@@ -387,51 +321,6 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
 
 
 # ---- one real server: wan-sched ----------------------------------------------------------------------
-JOB = {"prompt": "a lantern in the fog", "negative_prompt": "blurry", "size": "128x128", "num_frames": 17,
-       "num_inference_steps": 8, "guidance_scale": 4.0, "seed": 5}
-
-
-def scrape(server, name: str, **labels: str) -> float:
-    """The sum of the samples ``name`` with ``labels`` on the server's ``/metrics``."""
-    text = requests.get(server.url + "/metrics", timeout=30).text
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
-
-
-def wait_idle(server, timeout: float = 120) -> None:
-    """Until no video of this server is queued or running (a test that fills it starts from empty)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        data = requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]
-        if not any(v["status"] in ("queued", "in_progress") for v in data):
-            return
-        time.sleep(0.2)
-    raise AssertionError("the server did not drain")
-
-
-def wait_all(server, ids: list[str], timeout: float = 180) -> dict[str, dict]:
-    deadline, done = time.monotonic() + timeout, {}
-    while time.monotonic() < deadline and len(done) < len(ids):
-        for i in set(ids) - set(done):
-            body = requests.get(f"{server.url}/v1/videos/{i}", timeout=30).json()
-            if body["status"] in ("completed", "failed"):
-                done[i] = body
-        time.sleep(0.2)
-    return done
-
-
-def fill(server, limit: int = 40, **fields) -> tuple[list[str], requests.Response | None]:
-    """Async creates sent back to back until the first 429: (admitted ids, that 429 answer)."""
-    ids = []
-    for _ in range(limit):
-        resp = requests.post(server.url + "/v1/videos", json={**JOB, **fields}, timeout=60)
-        if resp.status_code == 429:
-            return ids, resp
-        assert resp.status_code == 200, resp.text
-        ids.append(resp.json()["id"])
-    return ids, None
-
-
 @pytest.fixture(scope="module")
 def burst(server_pool) -> dict:
     """``wan-sched`` filled up to its bound once; what the tests below look at."""

@@ -22,6 +22,7 @@ from omni_ext.api.settings import load_settings
 from omni_ext.api.state import ApiState, native_video_defaults
 from omni_ext.api.validation import ModelLimits, limits_for_model
 from omni_ext.api.videos import build_video_request, poll_after_ms
+from tests.helpers import api_state
 
 
 def test_bracketed_form_keys() -> None:
@@ -110,14 +111,6 @@ def test_stale_progress_dirs_are_removed(tmp_path: Path, monkeypatch: pytest.Mon
 @pytest.mark.parametrize("remaining,expected", [(None, 1000), (0.0, 100), (2.0, 500), (100.0, 5000)])
 def test_poll_after_ms(remaining, expected) -> None:
     assert poll_after_ms(remaining) == expected
-
-
-def api_state(tmp_path: Path, limits: ModelLimits, **fields) -> ApiState:
-    """An :class:`ApiState` on ``tmp_path`` (no server); ``fields`` override others (e.g. ``queue``)."""
-    settings = load_settings(SimpleNamespace(port=1, additional_config=None), {"OMNI_EXT_API_DATA_DIR": str(tmp_path)})
-    settings.media_dir.mkdir(parents=True, exist_ok=True)
-    return ApiState(settings=settings, store=JobStore(settings.db_path), model_name="m", model_path="m", limits=limits,
-                    **fields)
 
 
 def _wan_state(tmp_path: Path) -> ApiState:

@@ -41,9 +41,8 @@ from omni_ext.api.errors import StorageError, storage, storage_failure
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.validation import ModelLimits
 from omni_ext.server_process import ServeProcess
-from tests.helpers import START, executor_events, video_sync
+from tests.helpers import START, executor_events, fill, scrape, serve_in_process, video_sync, wait_all, wait_idle
 from tests.media import decode_mp4
-from tests.test_admission import fill, scrape, serve_in_process, wait_all, wait_idle
 
 warnings.simplefilter("ignore", DeprecationWarning)  # openai's videos API is marked deprecated
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

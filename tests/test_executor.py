@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers import IMAGE, executor_events, new_events, png_from, video_sync, wait_for_events
+from tests.helpers import (
+    IMAGE, bare_executor, executor_events, new_events, png_from, video_sync, wait_for_events, wan_request,
+)
 
 #: ``omni-ext: queued request <id> (priority <p>, ...)``: the executor logs a job that cannot start at once.
 QUEUED = re.compile(r"omni-ext: queued request (\S+) \(priority (-?\d+)")
@@ -115,31 +117,6 @@ def test_executor_worker_messages_round_trip_over_a_pipe() -> None:
 # --------------------------------------------------------------------------------------------------
 # 0b. The executor's queue mechanism, without worker processes (its pipes replaced by a list)
 # --------------------------------------------------------------------------------------------------
-def bare_executor(world: int = 2, cfg_size: int = 2, **options):
-    """A TunedExecutor for the Wan family with its state but no workers; what it sends lands in ``.sent``."""
-    from omni_ext.executor.tuned import TunedExecutor
-    from omni_ext.scheduler.config import SchedulerConfig
-    from omni_ext.scheduler.placement import Layout
-
-    ex = TunedExecutor.__new__(TunedExecutor)
-    ex.world, ex.cfg_size, ex.layout = world, cfg_size, Layout.regular(world // cfg_size, cfg_size)
-    ex.sched = SchedulerConfig(**options)
-    ex.model_arch, ex._tuned_model, ex.cfg_mode, ex.device_type = "WanPipeline", True, ex.sched.cfg_mode, "cpu"
-    ex._init_state()
-    ex._cancel_slots = [0] * world
-    ex.sent = []
-    ex._post = lambda rank, msg: ex.sent.append((rank, msg))
-    return ex
-
-
-def wan_request(priority=None, guidance: float = 4.0):
-    from types import SimpleNamespace
-
-    sp = SimpleNamespace(guidance_scale=guidance, guidance_scale_provided=True, width=32, height=32, num_frames=5,
-                         num_inference_steps=2, extra_args={} if priority is None else {"omni_ext_priority": priority})
-    return SimpleNamespace(prompt={"prompt": "a fox", "negative_prompt": "blurry"}, sampling_params=sp)
-
-
 def finish(ex, job, seconds: float = 1.0) -> None:
     """Every rank of ``job`` answers (the last one holds the output)."""
     from vllm_omni.diffusion.data import DiffusionOutput

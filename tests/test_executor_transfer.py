@@ -119,7 +119,7 @@ def test_executor_reader_frees_the_segments_of_an_output_it_discards() -> None:
     from vllm_omni.diffusion.data import DiffusionOutput
 
     from omni_ext.executor import protocol
-    from tests.test_executor import bare_executor, wan_request
+    from tests.helpers import bare_executor, wan_request
 
     ex = bare_executor(cfg_mode="pair", settle_s=0)
     pipes = [multiprocessing.Pipe() for _ in range(2)]  # (worker end, executor end) per rank

@@ -37,7 +37,7 @@ def test_size_choices_start_native_and_respect_the_spatial_multiple() -> None:
 
 def test_queue_summary_counts_running_and_queued_and_predicts_a_new_jobs_wait() -> None:
     from omni_ext.progress import StepProgress
-    from tests.test_admission import SHAPE, fake_queue
+    from tests.helpers import SHAPE, fake_queue
 
     queue, clock, files = fake_queue(slots=1, max_wait_s=10)  # 1 s per job, one slot
     assert queue.summary() == {"running": 0, "queued": 0, "slots": 1, "predicted_wait_s": 0.0}
@@ -257,7 +257,7 @@ def test_cancel_a_running_video(server_pool, tab) -> None:
 
 def test_a_full_server_429_is_shown_with_its_retry_after_and_retried_once(server_pool, tab) -> None:
     server = server_pool.get("wan-sched", quiet=True)
-    # tests/test_admission.py's JOB (~1 s predicted) with 8x the steps: the first two take both slots
+    # tests/helpers.py's JOB (~1 s predicted) with 8x the steps: the first two take both slots
     # for ~8 s, so the next request is predicted to wait past the 3 s bound for several seconds.
     job = {"prompt": "a lantern in the fog", "negative_prompt": "blurry", "size": "128x128", "num_frames": 17,
            "num_inference_steps": 64, "guidance_scale": 4.0, "seed": 5}
