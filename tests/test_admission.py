@@ -90,6 +90,23 @@ def test_a_bad_scheduler_option_stops_the_server_with_a_clear_message() -> None:
     assert (queue.slots, queue.tuned, queue.config.max_wait_s, queue.cost.rate(), queue.max_jobs) == (2, True, 7.0, 0.5, 256)
 
 
+def test_start_up_configures_the_dispatch_it_is_given_and_the_queue_reads_it() -> None:
+    """The API holds the dispatch to replicas that its start-up hook passes (no module state of the
+    mechanism): configured there from the layout, read for live capacity and binding times."""
+    from omni_ext.dispatch.replicas import ReplicaDispatch
+
+    args = SimpleNamespace(distributed_executor_backend=TUNED, cfg_parallel_size=2,
+                           additional_config={"omni_ext": {"scheduler": {"max_wait_s": 7}}})
+    dispatch = ReplicaDispatch()
+    queue = request_queue(SimpleNamespace(), args, WAN, "m", 256, dispatch)
+    settings = dispatch.settings
+    assert (settings.slots_per_replica, settings.pipeline, settings.config.max_wait_s) == (2, "WanPipeline", 7.0)
+    assert queue.live_slots == dispatch.capacity and queue.bound_since == dispatch.bound_since
+    assert queue.live_slots() is None and queue.bound_since("job") is None  # no pool dispatches here
+    plain = request_queue(SimpleNamespace(), args, WAN, "m", 256)  # no dispatch: the layout's slots
+    assert plain.live_slots() is None and plain.bound_since("job") is None and plain.slots == 2
+
+
 # ---- shapes and priorities ----------------------------------------------------------------------
 def test_job_shape_follows_the_pipelines_cfg_rule() -> None:
     wan = job_shape("WanPipeline", width=64, height=64, frames=9, steps=4, guidance_scale=4.0)

@@ -71,20 +71,21 @@ def request_state(frames: int):
 @pytest.fixture
 def pool_and_clients() -> Iterator[tuple]:
     pytest.importorskip("vllm_omni")
+    from omni_ext.dispatch.replicas import DISPATCH, attached
     from omni_ext.patches import replica_dispatch
     from omni_ext.scheduler.config import SchedulerConfig
     from vllm_omni.engine.stage_pool import StagePool
 
     replica_dispatch.apply()
-    saved = (replica_dispatch.SETTINGS.slots_per_replica, replica_dispatch.SETTINGS.pipeline, replica_dispatch.SETTINGS.config)
-    replica_dispatch.configure(1, "WanPipeline", SchedulerConfig(settle_s=0.05))
+    saved = (DISPATCH.settings.slots_per_replica, DISPATCH.settings.pipeline, DISPATCH.settings.config)
+    DISPATCH.configure(1, "WanPipeline", SchedulerConfig(settle_s=0.05))
     clients = [Client(0), Client(1)]
     pool = StagePool(0, list(clients))
     yield pool, clients
-    replica_dispatch.configure(*saved)
-    if replica_dispatch.dispatcher_of(pool) is not None:
-        replica_dispatch.dispatcher_of(pool).close()  # this test process's API queue must not count it
-    assert replica_dispatch.capacity() is None
+    DISPATCH.configure(*saved)
+    if attached(pool) is not None:
+        attached(pool).close()  # this process's dispatch must not count it after the test
+    assert DISPATCH.capacity() is None
 
 
 def submit_burst(pool, frames: list[int], submit) -> None:

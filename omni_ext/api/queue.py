@@ -33,7 +33,6 @@ from typing import Any
 from omni_ext.api import metrics
 from omni_ext.api.errors import APIError, too_busy
 from omni_ext.models import families
-from omni_ext.patches import replica_dispatch
 from omni_ext.progress import StepProgress, read_progress
 from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predict_start
 from omni_ext.scheduler.config import SchedulerConfig
@@ -116,15 +115,18 @@ class RequestQueue:
     ``tuned``: the TunedExecutor runs the jobs; it orders them by priority, vLLM-Omni's own
     executor runs them first come first served, and the account follows whichever runs.
     ``slots``: jobs that run at once (:meth:`omni_ext.api.layout.ServerLayout.slots`).
-    ``clock``/``wall``/``progress`` are injectable for tests.
+    ``live_slots``/``bound_since``: when a dispatch in this process binds jobs to replicas
+    (:class:`omni_ext.dispatch.replicas.ReplicaDispatch`, given at start-up), how many jobs its live
+    replicas run at once and when a job was bound (it runs from then on); without one, admission
+    keeps ``slots``. ``clock``/``wall``/``progress`` are injectable for tests.
     """
 
     def __init__(
         self, config: SchedulerConfig | None = None, slots: int = 1, *, tuned: bool = False, model: str = "",
         max_jobs: int | None = None, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
         progress: Callable[[str], StepProgress | None] = read_progress,
-        live_slots: Callable[[], int | None] = replica_dispatch.capacity,
-        bound_since: Callable[[str], float | None] = replica_dispatch.bound_since,
+        live_slots: Callable[[], int | None] = lambda: None,
+        bound_since: Callable[[str], float | None] = lambda job_id: None,
     ) -> None:
         config = config or SchedulerConfig()
         self.config = config if tuned else dataclasses.replace(config, order="fifo", aging_s=0.0)

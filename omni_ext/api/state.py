@@ -3,7 +3,8 @@ the account of admitted jobs (:class:`~omni_ext.api.queue.RequestQueue`).
 
 Created once per API process when vLLM-Omni initialises its app state (see the ``openai-routes``
 patch), which is also when jobs left queued/running by a previous process are marked failed, the
-expiry sweeper starts, the scheduler's options are read (a bad one stops the server there), and
+expiry sweeper starts, the scheduler's options are read (a bad one stops the server there) and
+given to this process's dispatch to replicas (which the start-up hook passes in), and
 vLLM-Omni's video handler and the request defaults it implies are resolved (:class:`VideoBackend`),
 so that no request pays for them.
 """
@@ -27,11 +28,12 @@ from omni_ext.api.layout import server_layout
 from omni_ext.api.queue import RequestQueue
 from omni_ext.api.settings import ApiSettings, load_settings
 from omni_ext.api.validation import ModelLimits, limits_for_model
-from omni_ext.patches import replica_dispatch
 from omni_ext.scheduler.config import scheduler_config
 
 if TYPE_CHECKING:
     from fastapi import Request
+
+    from omni_ext.dispatch.replicas import ReplicaDispatch
 
 logger = logging.getLogger("omni_ext.api")
 
@@ -180,32 +182,39 @@ def _served_model(app_state: Any, args: Any) -> tuple[str, str]:
     return name, path
 
 
-def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: str, max_jobs: int) -> RequestQueue:
+def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: str, max_jobs: int,
+                  dispatch: ReplicaDispatch | None = None) -> RequestQueue:
     """The server's :class:`RequestQueue`, from its layout and ``omni_ext.scheduler`` options (a
-    ``ValueError`` naming the bad option otherwise)."""
+    ``ValueError`` naming the bad option otherwise). ``dispatch``: this process's dispatch to
+    replicas, configured here (slots per replica, pipeline, options), whose live capacity and binding
+    times the queue reads."""
     layout = server_layout(args, getattr(app_state, "stage_configs", None))
     try:
         config = scheduler_config(layout.additional_config)
     except ValueError as exc:
         raise ValueError(f"omni-ext: invalid --additional-config: {exc}") from None
-    replica_dispatch.configure(layout.replica_slots(config.cfg_mode, limits.pipeline), limits.pipeline, config)
+    replicas: dict[str, Any] = {}
+    if dispatch is not None:
+        dispatch.configure(layout.replica_slots(config.cfg_mode, limits.pipeline), limits.pipeline, config)
+        replicas = {"live_slots": dispatch.capacity, "bound_since": dispatch.bound_since}
     queue = RequestQueue(config, layout.slots(config.cfg_mode, limits.pipeline), tuned=layout.tuned, model=model_name,
-                         max_jobs=max_jobs)
+                         max_jobs=max_jobs, **replicas)
     logger.info("omni-ext scheduler (API): %d slot(s) (%s executor), max_wait_s=%g, seed %s s/unit%s", queue.slots,
                 "TunedExecutor" if layout.tuned else "vLLM-Omni's", config.max_wait_s, config.seconds_per_unit,
                 "" if layout.tuned else "; priorities are not applied by vLLM-Omni's executor (first come, first served)")
     return queue
 
 
-def init_state(app_state: Any, args: Any) -> ApiState:
-    """Create the state (idempotent): read the options, open the store, fail interrupted jobs, start the sweeper."""
+def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = None) -> ApiState:
+    """Create the state (idempotent): read the options, open the store, fail interrupted jobs, start the
+    sweeper. ``dispatch``: this process's dispatch to replicas (the start-up hook passes it)."""
     existing = getattr(app_state, "omni_ext", None)
     if isinstance(existing, ApiState):
         return existing
     settings = load_settings(args)
     name, path = _served_model(app_state, args)
     limits = limits_for_model(path)
-    queue = request_queue(app_state, args, limits, name, settings.max_queued)
+    queue = request_queue(app_state, args, limits, name, settings.max_queued, dispatch)
     settings.media_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(settings.db_path)
     failed = store.fail_interrupted()

@@ -244,7 +244,7 @@ COUPLINGS: tuple[Coupling, ...] = (
         "CFG-companion affinity and replica-loss clean-up see it), finds the serviceable replicas as pick() does, "
         "sends through the replica's diffusion client, and fails a request it cannot place the way the "
         "orchestrator fails one for a dead stage.",
-        "omni_ext.patches.replica_dispatch",
+        "omni_ext.dispatch.replicas",
         (f"{_STAGE_POOL}._request_bindings", "attribute"),
         (f"{_STAGE_POOL}._affinity", "attribute"),
         (f"{_STAGE_POOL}._addr_to_replica_id", "attribute"),

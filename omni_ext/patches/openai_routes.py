@@ -4,7 +4,9 @@ Runs in the API process from the ``vllm.general_plugins`` hook, i.e. while ``vll
 builds its CLI parser, before ``omni_run_server_worker`` includes vLLM-Omni's module-level router
 into the app. It swaps vLLM-Omni's video/image routes on that router for omni-ext's, puts a
 dispatcher in front of ``/v1/images/edits``, and wraps ``omni_init_app_state`` so omni-ext's job
-store opens (and fails interrupted jobs) when the server starts, not on the first request.
+store opens (and fails interrupted jobs) when the server starts, not on the first request. That is
+where the API gets this process's dispatch to replicas (:data:`omni_ext.dispatch.replicas.DISPATCH`):
+the API holds it and reads its live capacity and binding times from it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def apply() -> None:
 
     from omni_ext.api.routes import REPLACED_ROUTES, build_router
     from omni_ext.api.state import init_state
+    from omni_ext.dispatch.replicas import DISPATCH
 
     router = api_server.router
     if is_patched(router):
@@ -40,7 +43,7 @@ def apply() -> None:
     @functools.wraps(original_init)
     async def omni_init_app_state(engine_client, state, args, *a, **kw):
         result = await original_init(engine_client, state, args, *a, **kw)
-        init_state(state, args)
+        init_state(state, args, DISPATCH)
         return result
 
     patch_attr(api_server, "omni_init_app_state", omni_init_app_state)

@@ -3,7 +3,7 @@
 Three mechanisms act on these decisions: the TunedExecutor (:mod:`omni_ext.executor.tuned`: worker
 processes, pipes, locks and futures inside a replica), the API process's account of admitted jobs
 (:mod:`omni_ext.api.queue`) and the dispatch in front of several replicas
-(:mod:`omni_ext.patches.replica_dispatch`). What they decide lives here, so that every rule can be
+(:mod:`omni_ext.dispatch.replicas`). What they decide lives here, so that every rule can be
 unit-tested on plain data and the scheduler can grow without touching a mechanism:
 
 - :mod:`omni_ext.scheduler.config`: the options (``--additional-config '{"omni_ext": {"scheduler": ...}}'``),

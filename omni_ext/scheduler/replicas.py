@@ -22,8 +22,8 @@ omni-ext keeps the queue on the head instead and binds late:
    waited ``settle_s``: a burst's requests reach the head a few milliseconds apart and are ordered
    whole instead of first-come (as the TunedExecutor does inside a replica).
 
-The mechanism (patched ``StagePool``: submission, release, membership) is
-:mod:`omni_ext.patches.replica_dispatch`.
+The mechanism (the head's queue on vLLM-Omni's ``StagePool``: submission, release, membership) is
+:mod:`omni_ext.dispatch.replicas`.
 """
 
 from __future__ import annotations
