@@ -11,18 +11,35 @@ the file for a job when a client polls. Works for inline, multi-process and repl
 omni-ext's TunedExecutor also writes a job's file when it hands the job to its worker ranks
 (:func:`mark_started`, 0 steps done): until then the job only waits in the executor's queue, so the
 file's existence is what tells the API process that a job really runs.
+
+The same directory carries the placement journal (:func:`record_placement`, read by
+:func:`read_placements`, served at ``GET /v1/omni_ext/placements``): where each request ran. Each
+writing process (a TunedExecutor, one per replica; the head's replica dispatcher) appends JSON
+lines to a file of its own, so concurrent writers never share a file and need no lock between
+processes; a reader merges the files in time order and skips a line it cannot parse (a line being
+appended). Each file is bounded: after ``2 * JOURNAL_KEEP`` appends the writer rewrites it with its
+newest ``JOURNAL_KEEP`` events (kept in memory; an atomic replace, so a reader sees the old or
+the new file).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ENV = "OMNI_EXT_PROGRESS_DIR"
+#: The placement journal's sub-directory (a leading dot: no job id's ``<id>-*`` matches it).
+JOURNAL_DIR = ".placements"
+#: Events each writer keeps (its file holds between this many and twice this many).
+JOURNAL_KEEP = 2000
 
 
 def _pid_alive(pid: int) -> bool:
@@ -141,3 +158,98 @@ def clear_progress(job_id: str) -> None:
             path.unlink()
         except OSError:
             pass
+
+
+# ---- the placement journal -------------------------------------------------------------------
+class _Journal:
+    """This process's journal file and its newest events (for the rewrite that bounds the file)."""
+
+    def __init__(self, path: Path, keep: int) -> None:
+        self.path, self.keep = path, keep
+        self.lines: deque[str] = deque(maxlen=keep)
+        self.appended = 0
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def write(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            self.count += 1
+            line = json.dumps({**event, "n": self.count}, separators=(",", ":")) + "\n"
+            self.lines.append(line)
+            if self.appended + 1 >= 2 * self.keep:
+                tmp = self.path.with_name(f".{self.path.name}.tmp")
+                tmp.write_text("".join(self.lines))
+                os.replace(tmp, self.path)
+                self.appended = len(self.lines)
+            else:
+                if self.appended == 0:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.path, "a") as f:
+                    f.write(line)
+                self.appended += 1
+
+
+_journal: _Journal | None = None
+_journal_lock = threading.Lock()
+
+
+def _forget_journal() -> None:
+    """A forked child writes a file of its own (its pid), with a fresh lock."""
+    global _journal, _journal_lock
+    _journal, _journal_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_journal)
+
+
+def _this_journal(root: Path) -> _Journal:
+    global _journal
+    with _journal_lock:
+        path = root / JOURNAL_DIR / f"{os.getpid()}.jsonl"
+        if _journal is None or _journal.path != path:
+            _journal = _Journal(path, JOURNAL_KEEP)
+        return _journal
+
+
+def record_placement(kind: str, request_id: str, **fields: Any) -> None:
+    """Journal one placement event of this process: ``kind`` is ``queued`` (the executor could not
+    start the request at once), ``start`` (the executor hands the
+    request to ``ranks`` in ``mode``), ``done`` (every rank answered) or ``bind`` (the head's
+    dispatcher binds it to a stage replica). Floats are rounded to the millisecond. Best-effort:
+    never raises, never disturbs generation."""
+    root = progress_dir()
+    if root is None:
+        return
+    try:
+        event = {"time": round(time.time(), 6), "kind": kind, "request_id": request_id, "pid": os.getpid()}
+        event.update({k: round(v, 3) if isinstance(v, float) else v for k, v in fields.items()})
+        _this_journal(root).write(event)
+    except Exception:  # noqa: BLE001 - the journal is best-effort
+        return
+
+
+def read_placements(after: float | None = None, limit: int | None = None,
+                    root: Path | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """The journalled events of every writer, merged in time order (ties: by writer, then its own
+    order): the first ``limit`` events after the unix time ``after``, or without ``after`` the
+    newest ``limit``; and whether more events matched than were returned."""
+    root = root or progress_dir()
+    events: list[dict[str, Any]] = []
+    if root is not None:
+        for path in sorted((root / JOURNAL_DIR).glob("*.jsonl")):
+            try:
+                text = path.read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                try:
+                    event = json.loads(line)
+                    t = float(event["time"])
+                except (ValueError, TypeError, KeyError):
+                    continue
+                if isinstance(event, dict) and (after is None or t > after):
+                    events.append(event)
+    events.sort(key=lambda e: (e["time"], e.get("pid", 0), e.get("n", 0)))
+    if limit is None or len(events) <= limit:
+        return events, False
+    return (events[:limit] if after is not None else events[len(events) - limit:]), True

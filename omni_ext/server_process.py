@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from omni_ext.progress import ENV as PROGRESS_ENV
+
 if TYPE_CHECKING:
     import psutil
 
@@ -137,7 +139,9 @@ class ServeProcess:
         if self.log_path is None:
             self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"omni-ext-serve-{self.port or os.getpid()}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **self.env}
+        # Each server picks its own progress and placement directory (omni_ext.progress), never its caller's.
+        env = {**{k: v for k, v in os.environ.items() if k != PROGRESS_ENV}, "HF_HUB_OFFLINE": "1",
+               "PYTHONUNBUFFERED": "1", **self.env}
         log = open(self.log_path, "wb")
         log.write((" ".join(self.command()) + "\n").encode())
         log.flush()

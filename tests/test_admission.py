@@ -25,8 +25,10 @@ from omni_ext.api import limits
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, retry_headers, too_busy
 from omni_ext.api.forms import Body, priority_of
-from omni_ext.api.layout import ServerLayout, server_layout
-from omni_ext.api.queue import PRIORITY_ARG, job_shape, with_priority
+from omni_ext.scheduler.layout import ServerLayout, server_layout
+from omni_ext.api.forms import with_priority
+from omni_ext.models.families import job_shape
+from omni_ext.scheduler.order import PRIORITY_ARG
 from omni_ext.api.state import request_queue
 from omni_ext.api.validation import ModelLimits
 from omni_ext.api.videos import build_video_request
@@ -134,11 +136,11 @@ def test_priority_field_and_where_it_travels(tmp_path: Path) -> None:
     assert with_priority(None, -1) == {PRIORITY_ARG: -1}
     state = api_state(tmp_path, WAN)
     body = {"prompt": "x", "size": "64x64", "num_frames": 9, "num_inference_steps": 4}
-    vreq, _, facts = build_video_request(Body({**body, "priority": "-3", "extra_params": {"k": 1}}), state, {})
-    assert facts["priority"] == -3 and vreq.extra_params == {"k": 1, PRIORITY_ARG: -3}
-    assert facts["shape"].key == "wan2.x-t2v:64x64x9:cfg"
-    vreq, _, facts = build_video_request(Body(body), state, {})
-    assert facts["priority"] == 0 and vreq.extra_params is None
+    spec = build_video_request(Body({**body, "priority": "-3", "extra_params": {"k": 1}}), state, {})
+    assert spec.priority == -3 and spec.request.extra_params == {"k": 1, PRIORITY_ARG: -3}
+    assert spec.shape.key == "wan2.x-t2v:64x64x9:cfg"
+    spec = build_video_request(Body(body), state, {})
+    assert spec.priority == 0 and spec.request.extra_params is None
 
 
 def test_retry_headers_and_the_openai_error_body() -> None:
@@ -235,9 +237,8 @@ class GoneRequest:
         return {"type": "http.disconnect"}
 
 
-def test_a_client_that_goes_away_frees_its_slot_at_once(tmp_path: Path) -> None:
+def test_a_client_that_goes_away_frees_its_slot_at_once() -> None:
     queue, clock, files = fake_queue()
-    state = api_state(tmp_path, WAN, queue=queue)
     engine, cancelled = Engine(), []
 
     async def generation() -> str:
@@ -254,13 +255,13 @@ def test_a_client_that_goes_away_frees_its_slot_at_once(tmp_path: Path) -> None:
         return "mp4"
 
     before = sample("omni_ext:requests_cancelled_total", reason="client_disconnected")
-    queue.admit("video_sync-a", 0, SHAPE)
+    admitted = queue.admit("video_sync-a", 0, SHAPE)
     with pytest.raises(ClientGone):
-        asyncio.run(run_admitted(GoneRequest(engine, 0.05), state, "video_sync-a", "video", generation()))
+        asyncio.run(run_admitted(GoneRequest(engine, 0.05), admitted, "video", generation()))
     assert cancelled == [True] and engine.aborted == ["video_sync-a"] and not queue.jobs
     assert sample("omni_ext:requests_cancelled_total", reason="client_disconnected") == before + 1
-    queue.admit("video_sync-b", 0, SHAPE)
-    assert asyncio.run(run_admitted(GoneRequest(engine, 30), state, "video_sync-b", "video", quick())) == "mp4"
+    admitted = queue.admit("video_sync-b", 0, SHAPE)
+    assert asyncio.run(run_admitted(GoneRequest(engine, 30), admitted, "video", quick())) == "mp4"
     assert not queue.jobs and queue.cost.rate(SHAPE.key) == pytest.approx(0.25 / 576)
 
 
@@ -315,11 +316,11 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
 
     seen = []
 
-    async def generate(request, p, request_id):  # vLLM-Omni's engine call, stubbed
+    async def generate(request, spec, request_id):  # vLLM-Omni's engine call, stubbed
         state = request.app.state.omni_ext
-        seen.append((p["priority"], request_id in state.queue.jobs))
+        seen.append((spec.priority, request_id in state.queue.jobs))
         files[request_id] = StepProgress(2, 2, time.time() - 0.5, time.time())  # ran for 0.5 s
-        return [Image.new("RGB", (32, 32))] * p["n"]
+        return [Image.new("RGB", (32, 32))] * spec.n
 
     monkeypatch.setattr(images, "_generate", generate)
     body = {"prompt": "a cat", "size": "32x32", "n": 2, "num_inference_steps": 2, "priority": -2}
@@ -329,7 +330,7 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
         assert resp.status_code == 200 and len(resp.json()["data"]) == 2
         assert seen == [(-2, True)] and not state.queue.jobs  # accounted while it ran, gone after
         assert sample("omni_ext:job_seconds_count", model="tiny") == learned + 1
-        shape = images.image_shape("QwenImagePipeline", images.parse_generation(body, state))
+        shape = images.parse_generation(body, state)[0].shape
         assert shape.units == 2 * 24 and state.queue.cost.rate(shape.key) == pytest.approx(0.5 / shape.units, rel=0.05)
         state.queue.admit("video_long", 0, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
         full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind a ~40 s job

@@ -19,7 +19,7 @@ from omni_ext.api.errors import APIError
 from omni_ext.api.forms import Body, _set_nested, bounded_int, parse_size
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.settings import load_settings
-from omni_ext.api.state import ApiState, native_video_defaults
+from omni_ext.api.state import ApiState, get_state, native_video_defaults, resolve_video_backend, video_state
 from omni_ext.api.validation import ModelLimits, limits_for_model
 from omni_ext.api.videos import build_video_request, poll_after_ms
 from tests.helpers import api_state
@@ -101,7 +101,8 @@ def test_progress_files_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_stale_progress_dirs_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(progress.ENV, raising=False)
+    monkeypatch.setenv(progress.ENV, "unset")  # recorded, so the variable ensure_progress_dir sets is undone
+    monkeypatch.delenv(progress.ENV)
     stale = tmp_path / "omni-ext-progress" / "999999999"
     stale.mkdir(parents=True)
     path = progress.ensure_progress_dir(tmp_path)
@@ -121,14 +122,14 @@ def test_seconds_and_size_map_to_native_or_configured_defaults(tmp_path: Path) -
     state = _wan_state(tmp_path)
     native = native_video_defaults(state.limits)
     assert native == {"width": 832, "height": 480, "num_frames": 81, "fps": 16}  # Wan2.1's, from the family table
-    _, _, facts = build_video_request(Body({"prompt": "x", "seconds": "5"}), state, native)
-    assert (facts["width"], facts["height"], facts["num_frames"], facts["fps"]) == (832, 480, 81, 16)
-    _, _, facts = build_video_request(Body({"prompt": "x"}), state, native)
-    assert (facts["num_frames"], facts["seconds"]) == (81, "5")
+    spec = build_video_request(Body({"prompt": "x", "seconds": "5"}), state, native)
+    assert (spec.width, spec.height, spec.frames, spec.fps) == (832, 480, 81, 16)
+    spec = build_video_request(Body({"prompt": "x"}), state, native)
+    assert (spec.frames, spec.seconds) == (81, "5")
     # a preset's configured defaults win over the native ones
     configured = {**native, "width": 320, "height": 192, "num_frames": 17}
-    _, _, facts = build_video_request(Body({"prompt": "x"}), state, configured)
-    assert (facts["width"], facts["height"], facts["num_frames"]) == (320, 192, 17)
+    spec = build_video_request(Body({"prompt": "x"}), state, configured)
+    assert (spec.width, spec.height, spec.frames) == (320, 192, 17)
     with pytest.raises(APIError) as err:
         build_video_request(Body({"prompt": "x", "seconds": "2", "size": "100x100"}), state, native)
     assert err.value.status == 400 and "multiple of 16" in err.value.message
@@ -217,7 +218,11 @@ def test_image_route_enforces_what_the_schema_says(tmp_path: Path, name: str, va
 
     state = api_state(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False))
     if accepted:
-        assert parse_generation({"prompt": "x", name: value}, state)[name] == value
+        spec, reply = parse_generation({"prompt": "x", name: value}, state)
+        _, params = spec.request
+        parsed = {"n": spec.n, "output_compression": reply.output_compression, "num_inference_steps": spec.steps,
+                  "priority": spec.priority}.get(name, getattr(params, name, None))
+        assert parsed == value
     else:
         with pytest.raises(APIError) as err:
             parse_generation({"prompt": "x", name: value}, state)
@@ -255,7 +260,7 @@ def test_model_family_decides_video_and_reference(tmp_path: Path) -> None:
     for pipeline, accepted in (("WanPipeline", False), ("WanImageToVideoPipeline", True), ("FooVideoPipeline", True)):
         state = api_state(tmp_path / pipeline, ModelLimits(pipeline, 16, 1, True))
         if accepted:
-            assert build_video_request(Body({"prompt": "x"}, upload), state, {})[1].size == (16, 16)
+            assert build_video_request(Body({"prompt": "x"}, upload), state, {}).reference.size == (16, 16)
         else:
             with pytest.raises(APIError) as err:
                 build_video_request(Body({"prompt": "x"}, upload), state, {})
@@ -280,22 +285,32 @@ class _Handler:
         return OmniDiffusionSamplingParams(num_frames=17, width=320)
 
 
-def test_video_backend_resolved_once_and_503_until_ready(tmp_path: Path) -> None:
+def test_video_backend_resolved_at_start_up_and_no_request_builds_state(tmp_path: Path) -> None:
     state = _wan_state(tmp_path)
     app_state = SimpleNamespace(engine_client=None, openai_serving_video=_Handler(), stage_configs=["stage0"])
     with pytest.raises(APIError) as err:
-        state.video_backend(app_state)
-    assert (err.value.status, err.value.code) == (503, "engine_unavailable") and state.video is None
+        resolve_video_backend(app_state, state.limits)
+    assert (err.value.status, err.value.code) == (503, "engine_unavailable")
     app_state.engine_client = object()
-    first = state.video_backend(app_state)
-    assert state.video_backend(app_state) is first
-    handler = app_state.openai_serving_video
-    assert handler.calls == {"defaults": 1, "stage_configs": [["stage0"]]}
-    assert first.defaults == {"width": 320, "height": 480, "num_frames": 17, "fps": 16}  # configured over native
-    other = api_state(tmp_path / "other", state.limits)
+    backend = resolve_video_backend(app_state, state.limits)
+    assert app_state.openai_serving_video.calls == {"defaults": 1, "stage_configs": [["stage0"]]}
+    assert backend.defaults == {"width": 320, "height": 480, "num_frames": 17, "fps": 16}  # configured over native
     with pytest.raises(APIError) as err:
-        other.video_backend(SimpleNamespace(engine_client=object(), openai_serving_video=None))
+        resolve_video_backend(SimpleNamespace(engine_client=object(), openai_serving_video=None), state.limits)
     assert (err.value.status, err.value.code) == (503, "video_unavailable")
+    # A request never does start-up work: before the start-up hook made the state, it is answered 503.
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace()))
+    for route_state in (get_state, video_state):
+        with pytest.raises(APIError) as err:
+            route_state(request)
+        assert (err.value.status, err.value.code) == (503, "engine_unavailable")
+    assert not hasattr(request.app.state, "omni_ext")
+    request.app.state.omni_ext = state  # a server without a video handler
+    with pytest.raises(APIError) as err:
+        video_state(request)
+    assert (err.value.status, err.value.code) == (503, "video_unavailable")
+    state.video = backend
+    assert video_state(request) == (state, backend)
 
 
 def test_find_job_and_read_media(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 Servers (conftest.SERVERS): ``wan-tuned-cfg2`` / ``qwen-tuned-cfg2`` (one CFG group of 2 workers),
 ``wan-tuned-dp2`` (two groups of one worker each: real data parallel). They are compared with the
-one-worker stock servers ``wan`` / ``qwen``. Which rank ran which request is read from the
-executor's INFO lines (:func:`tests.helpers.executor_events`).
+one-worker stock servers ``wan`` / ``qwen``. The test that kills a worker starts a server of its own. Which rank ran which request is read from the
+server's placement journal, ``GET /v1/omni_ext/placements`` (:func:`tests.helpers.executor_events`).
 
 CFG parallel's identical output to one device is tested for vLLM-Omni's executor and this one
 together (``tests/test_serving.py::test_cfg_parallel_2_*``); the placement rules themselves are
@@ -24,11 +24,14 @@ import pytest
 import requests
 
 from tests.helpers import (
-    IMAGE, bare_executor, executor_events, new_events, png_from, video_sync, wait_for_events, wan_request,
+    IMAGE, rank_queue, events_mark, new_events, own_server, png_from, placements, video_sync, wait_for_events,
+    wan_request,
 )
 
-#: ``omni-ext: queued request <id> (priority <p>, ...)``: the executor logs a job that cannot start at once.
-QUEUED = re.compile(r"omni-ext: queued request (\S+) \(priority (-?\d+)")
+
+def queued_ids(server, after: float) -> list[str]:
+    """Engine request ids the executor queued (could not start at once) since ``after``, in order."""
+    return [e["request_id"] for e in placements(server, after, kind="queued")]
 
 
 def until(check, timeout: float = 60.0, what: str = "condition"):
@@ -44,7 +47,7 @@ def until(check, timeout: float = 60.0, what: str = "condition"):
 
 def run_two_at_once(server, fields: dict, seeds: tuple[int, int]) -> tuple[list, list]:
     """Two video requests sent together; (responses, the executor events they produced)."""
-    before = len(executor_events(server.log_text()))
+    before = events_mark(server)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         outs = [f.result() for f in [pool.submit(video_sync, server, **fields, seed=s) for s in seeds]]
     assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
@@ -125,7 +128,7 @@ def finish(ex, job, seconds: float = 1.0) -> None:
 
     for i, rank in enumerate(job.ranks):
         last = i == len(job.ranks) - 1
-        ex._on_done(rank, protocol.JobDone(job.job_id, rank, DiffusionOutput() if last else None, last, seconds))
+        ex.answer(rank, protocol.JobDone(job.job_id, rank, DiffusionOutput() if last else None, last, seconds))
 
 
 def started(ex) -> list[tuple[str, tuple[int, ...], str]]:
@@ -133,7 +136,7 @@ def started(ex) -> list[tuple[str, tuple[int, ...], str]]:
     runs: dict[str, tuple] = {}
     for rank, msg in ex.sent:
         runs.setdefault(msg.job_id, (msg.mode, []))[1].append(rank)
-    request_ids = {j.job_id: j.request_id for j in ex._outputs.values()}  # outputs nobody collected yet
+    request_ids = {j.job_id: j.request_id for j in ex.outputs.values()}  # outputs nobody collected yet
     return [(request_ids[job_id], tuple(ranks), mode.value) for job_id, (mode, ranks) in runs.items()]
 
 
@@ -141,14 +144,18 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
     from omni_ext import progress
 
     monkeypatch.setenv(progress.ENV, str(tmp_path))
-    ex = bare_executor(settle_s=0.05)
-    warm = ex._submit("dummy_req_id_0", wan_request(guidance=1.0))
-    a, b = ex._submit("video_a-0000000a", wan_request()), ex._submit("video_b-0000000b", wan_request())
-    urgent = ex._submit("video_c-0000000c", wan_request(priority="-1"))
+    ex = rank_queue(settle_s=0.05)
+    warm = ex.submit("dummy_req_id_0", wan_request(guidance=1.0))
+    a, b = ex.submit("video_a-0000000a", wan_request()), ex.submit("video_b-0000000b", wan_request())
+    urgent = ex.submit("video_c-0000000c", wan_request(priority="-1"))
     time.sleep(0.06)  # past the settle time: the burst is whole
-    assert [j.ticket.priority for j in (warm, a, b, urgent)] == [-(10**6), 0, 0, -1]
+    assert [ex.entry(j).ticket.priority for j in (warm, a, b, urgent)] == [-(10**6), 0, 0, -1]
     assert started(ex) == [("dummy_req_id_0", (0, 1), "single")]  # the warm-up, alone on every rank
-    assert not list(tmp_path.iterdir())  # no start marker for the warm-up
+    assert [p.name for p in tmp_path.iterdir()] == [progress.JOURNAL_DIR]  # no start marker for the warm-up
+    assert [(e["kind"], e["request_id"], e.get("mode", e.get("priority"))) for e in progress.read_placements()[0]] == [
+        ("start", "dummy_req_id_0", "warm-up"),  # ... but the placement journal has its start,
+        ("queued", "video_a-0000000a", 0), ("queued", "video_b-0000000b", 0), ("queued", "video_c-0000000c", -1),
+    ]  # and the jobs that could not start at once
     finish(ex, warm)
     # the group is free, three CFG jobs wait: the urgent one first, each on one rank (adaptive)
     assert started(ex)[1:] == [("video_c-0000000c", (0,), "single"), ("video_a-0000000a", (1,), "single")]
@@ -160,26 +167,30 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
     finish(ex, b, seconds=2.0)
     # measured per shape and mode: one rank ran it, in 2 s for its units
     single_key = "wan2.x-t2v:32x32x5:cfg:single"
-    assert set(ex.costs.by_shape) == {single_key}
-    assert ex.costs.by_shape[single_key] == pytest.approx(2.0 / a.needs.units)
+    assert set(ex.jobs.cost.by_shape) == {single_key}
+    assert ex.jobs.cost.by_shape[single_key] == pytest.approx(2.0 / a.needs.units)
 
     # idle: a CFG job alone takes the whole group, once settle_s has shown no burst behind it
-    alone = ex._submit("video_d-0000000d", wan_request())
-    assert len(started(ex)) == 4 and ex._pending == [alone]
+    alone = ex.submit("video_d-0000000d", wan_request())
+    assert len(started(ex)) == 4 and ex.queued() == [alone]
     deadline = time.monotonic() + 5
     while len(started(ex)) < 5 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert started(ex)[4] == ("video_d-0000000d", (0, 1), "pair")
     assert progress.read_progress("video_d").mode == "pair"
-    e = ex._submit("video_e-0000000e", wan_request())
+    e = ex.submit("video_e-0000000e", wan_request())
     # a queued adaptive job is predicted as on one rank (measured), an upper bound of the pair time
-    ex._ordered_pending()
-    assert e.ticket.predicted_s == pytest.approx(2.0) and e.ticket.cost == e.ticket.predicted_s
-    ex.abort_requests(["video_e-0000000e"])  # cancelled while queued: out of the queue and its order at once
-    assert e.future.result(timeout=1).aborted and ex._pending == []
+    [ticket] = [entry.ticket for entry in ex.jobs.ordered(time.monotonic())]
+    assert ticket.id == e.job_id and ticket.predicted_s == pytest.approx(2.0) and ticket.cost == ticket.predicted_s
+    ex.abort(["video_e-0000000e"])  # cancelled while queued: out of the queue and its order at once
+    assert e.future.result(timeout=1).aborted and ex.queued() == []
     finish(ex, alone, seconds=1.0)
-    assert ex.costs.by_shape["wan2.x-t2v:32x32x5:cfg:pair"] == pytest.approx(1.0 / a.needs.units)
-    assert len(started(ex)) == 5 and not ex._running
+    assert ex.jobs.cost.by_shape["wan2.x-t2v:32x32x5:cfg:pair"] == pytest.approx(1.0 / a.needs.units)
+    assert len(started(ex)) == 5 and not ex.running() and not ex.jobs
+    journal = [(e["kind"], e["request_id"][:7], tuple(e["ranks"])) for e in progress.read_placements()[0]
+               if e["kind"] != "queued"]
+    assert journal[-2:] == [("start", "video_d", (0, 1)), ("done", "video_d", (0, 1))], journal
+    assert sum(k == "done" for k, _, _ in journal) == 5  # the warm-up and a-d; e was cancelled while queued
 
 
 @pytest.mark.parametrize("raw,expected", [(None, 0), (-1, -1), ("-2", -2), (3.0, 3), ("high", 0), (True, 0), (1.5, 0)])
@@ -192,13 +203,13 @@ def test_request_priority_from_extra_args(raw, expected: int) -> None:
 
 
 def test_cancelled_head_job_lets_the_jobs_behind_it_start() -> None:
-    ex = bare_executor(cfg_mode="pair", settle_s=0)
-    busy = ex._submit("video_a-0000000a", wan_request(guidance=1.0))  # one rank
-    head = ex._submit("video_b-0000000b", wan_request())  # needs the whole group: waits
-    behind = ex._submit("video_c-0000000c", wan_request(guidance=1.0))  # would fit, but no overtaking
+    ex = rank_queue(cfg_mode="pair", settle_s=0)
+    busy = ex.submit("video_a-0000000a", wan_request(guidance=1.0))  # one rank
+    head = ex.submit("video_b-0000000b", wan_request())  # needs the whole group: waits
+    behind = ex.submit("video_c-0000000c", wan_request(guidance=1.0))  # would fit, but no overtaking
     assert [r for r, _, _ in started(ex)] == ["video_a-0000000a"]
-    ex.abort_requests(["video_b-0000000b"])
-    assert started(ex)[1] == ("video_c-0000000c", (1,), "single") and ex._pending == []
+    ex.abort(["video_b-0000000b"])
+    assert started(ex)[1] == ("video_c-0000000c", (1,), "single") and ex.queued() == []
     assert head.future.result(timeout=1).aborted and busy.ranks == (0,) and behind.ranks == (1,)
 
 
@@ -221,7 +232,7 @@ def test_cfg_free_requests_on_cfg2_group_run_once_each_on_different_ranks(server
 
 def test_qwen_image_without_negative_prompt_runs_on_one_rank(server_pool) -> None:
     one, tuned = server_pool.get("qwen"), server_pool.get("qwen-tuned-cfg2")
-    before = len(executor_events(tuned.log_text()))
+    before = events_mark(tuned)
     body = {k: v for k, v in IMAGE.items() if k != "negative_prompt"}
     r = requests.post(tuned.url + "/v1/images/generations", json={**body, "size": "32x32"}, timeout=300)
     ref = requests.post(one.url + "/v1/images/generations", json={**body, "size": "32x32"}, timeout=300)
@@ -252,8 +263,7 @@ def _wait_progress(server, job_id: str, at_least: int, timeout: float = 120.0) -
 @pytest.mark.parametrize("mode", ["pair", "single"])
 def test_delete_stops_a_running_tuned_job_and_frees_its_ranks(server_pool, mode: str) -> None:
     server = server_pool.get("wan-tuned-cfg2", quiet=True)
-    log0 = server.log_text()
-    before, stopped0 = len(executor_events(log0)), log0.count("Stopped cancelled diffusion request(s)")
+    before, stopped0 = events_mark(server), server.log_text().count("Stopped cancelled diffusion request(s)")
     # "pair": CFG on, both ranks, stop step agreed through shared memory; "single": CFG off, one rank.
     job = _start_long_video(server, **({} if mode == "pair" else {"guidance_scale": 1.0}))
     _wait_progress(server, job["id"], 3)  # progress moves under the tuned executor too (past the start)
@@ -290,22 +300,22 @@ def queue_behind_blocker(server, *batches: list[dict]) -> tuple[list, list[str],
     their engine request ids, the engine ids in the order the executor queued them, the executor
     events other than those of the long request), the first two in the order the fields were given."""
     assert video_sync(server, **SHAPE).status_code == 200
-    before = len(executor_events(server.log_text()))
+    before = events_mark(server)
     blocker = _start_long_video(server, **SHAPE)
     until(lambda: any(e[0] == "start" for e in new_events(server, before)), what="the long request to start")
-    queued0 = len(QUEUED.findall(server.log_text()))
+    queued0 = events_mark(server)
     futures = []
     with concurrent.futures.ThreadPoolExecutor(sum(len(b) for b in batches)) as pool:
         for batch in batches:
             futures += [pool.submit(video_sync, server, **SHAPE, **fields) for fields in batch]
-            n = queued0 + len(futures)
-            until(lambda n=n: len(QUEUED.findall(server.log_text())) >= n, what=f"{n - queued0} request(s) to queue")
+            n = len(futures)
+            until(lambda n=n: len(queued_ids(server, queued0)) >= n, what=f"{n} request(s) to queue")
         assert requests.delete(f"{server.url}/v1/videos/{blocker['id']}", timeout=60).json()["deleted"] is True
         outs = [f.result() for f in futures]
     assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
     log = server.log_text()
     assert f"cancelling running request {blocker['id']}-" in log, "the long request ended before the others queued"
-    queued = [rid for rid, _ in QUEUED.findall(log)[queued0:]]
+    queued = queued_ids(server, queued0)
     # engine request ids are <job id>-<8 characters>; the sync route's job id is its X-Request-Id
     by_job = {rid.rsplit("-", 1)[0]: rid for rid in queued}
     ids = [by_job[r.headers["X-Request-Id"]] for r in outs]
@@ -316,11 +326,32 @@ def queue_behind_blocker(server, *batches: list[dict]) -> tuple[list, list[str],
 def test_adaptive_cfg_request_alone_runs_on_the_whole_group(server_pool) -> None:
     tuned = server_pool.get("wan-tuned-cfg2")
     assert "scheduler cfg_mode=adaptive order=cost" in tuned.log_text()
-    before = len(executor_events(tuned.log_text()))
+    before = events_mark(tuned)
     r = video_sync(tuned, size="32x32", num_frames=5, seed=31)
     assert r.status_code == 200, r.text[:300]
     ev = wait_for_events(tuned, before, 1)
     assert [(e[2], e[3]) for e in ev if e[0] == "start"] == [((0, 1), "pair")], ev
+
+
+def test_placements_route_shows_where_a_request_ran(server_pool) -> None:
+    """``GET /v1/omni_ext/placements``: the executor's start (ranks, mode, wait) and done (ranks,
+    seconds, no error) of a video job, under the job's engine request id, in time order."""
+    tuned = server_pool.get("wan-tuned-cfg2")
+    before = events_mark(tuned)
+    created = requests.post(tuned.url + "/v1/videos", json={"prompt": "a fox", "negative_prompt": "blurry",
+                                                            "size": "32x32", "num_frames": 5,
+                                                            "num_inference_steps": 2, "seed": 33}, timeout=60)
+    assert created.status_code == 200, created.text
+    job = created.json()["id"]
+    until(lambda: any(e["kind"] == "done" for e in placements(tuned, before)), what="the job's done event")
+    events = [e for e in placements(tuned, before) if e["request_id"].startswith(job + "-")]
+    assert [e["kind"] for e in events if e["kind"] == "queued"] in ([], ["queued"])  # held while a burst settles
+    events = [e for e in events if e["kind"] != "queued"]
+    assert [(e["kind"], e["ranks"]) for e in events] == [("start", [0, 1]), ("done", [0, 1])], events
+    start, done = events
+    assert start["object"] == "omni_ext.placement" and start["mode"] == "pair" and start["waited_s"] >= 0
+    assert done["request_id"] == start["request_id"] and done["error"] is False and done["seconds"] > 0
+    assert start["time"] <= done["time"]
 
 
 def test_adaptive_cfg_requests_run_on_one_rank_each_under_load_with_one_device_output(server_pool) -> None:
@@ -376,7 +407,7 @@ def test_outputs_cross_the_worker_pipe_through_shared_memory_and_leave_none_behi
     (omni_ext.executor.protocol), so each 200 below is an output that travelled as host memory
     in shared memory; none of the segments is left in /dev/shm once the answer is back."""
     wan, qwen = server_pool.get("wan-tuned-cfg2"), server_pool.get("qwen-tuned-cfg2")
-    before_ev, before = len(executor_events(wan.log_text())), _shm_segments()
+    before_ev, before = events_mark(wan), _shm_segments()
     # CFG pairs whose video ends on rank 1: 128x128x17 (3.3 MB as float32, vLLM-Omni's own large-tensor
     # path) and 32x32x5 (below its 1 MB threshold: moved all the same); a Qwen-Image pair's image.
     big = video_sync(wan, size="128x128", num_frames=17, seed=61)
@@ -403,15 +434,24 @@ def test_each_job_reports_the_peak_memory_of_its_own_rank(server_pool) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# 3. Failure: a killed worker fails its request fast and /health says so
-#    (kills a worker of wan-tuned-dp2: keep this the last test that uses that server)
+# 3. Failure: a killed worker fails its request fast and /health says so (on a server of its own,
+#    configured as wan-tuned-dp2: the other group's worker, alive and idle, is stopped too)
 # --------------------------------------------------------------------------------------------------
-def test_killed_worker_fails_request_fast_and_health_reports_it(server_pool) -> None:
-    server = server_pool.get("wan-tuned-dp2")
+@pytest.fixture
+def tuned_dp2(tiny_models, tmp_path: Path):
+    with own_server(tiny_models["wan2.1-t2v"], tmp_path / "tuned-dp2",
+                    ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor",
+                     "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}']) as server:
+        yield server
+
+
+@pytest.mark.server
+def test_killed_worker_fails_request_fast_and_health_reports_it(tuned_dp2) -> None:
+    server = tuned_dp2
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
     pids = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"loaded in DiffusionWorker-(\d+) \(pid (\d+)", server.log_text())}
     assert set(pids) == {0, 1}, pids
-    before = len(executor_events(server.log_text()))
+    before = events_mark(server)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         fut = pool.submit(video_sync, server, size="128x128", num_frames=33, num_inference_steps=200, seed=5)
         deadline = time.monotonic() + 60

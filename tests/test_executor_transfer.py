@@ -113,23 +113,30 @@ def test_failed_packing_unlinks_every_segment_it_made(monkeypatch) -> None:
 
 def test_executor_reader_frees_the_segments_of_an_output_it_discards() -> None:
     """A cancelled job's output, or one that arrives after the executor dropped the job, is discarded
-    by ``_on_done``; the reader has already copied it out and unlinked its segments."""
+    by ``RankQueue.on_done``; the reader has already copied it out and unlinked its segments."""
     import threading
 
     from vllm_omni.diffusion.data import DiffusionOutput
 
     from omni_ext.executor import protocol
-    from tests.helpers import bare_executor, wan_request
+    from tests.helpers import rank_queue, wan_request
 
-    ex = bare_executor(cfg_mode="pair", settle_s=0)
+    ex = rank_queue(cfg_mode="pair", settle_s=0)
     pipes = [multiprocessing.Pipe() for _ in range(2)]  # (worker end, executor end) per rank
-    ex._conns = [theirs for _, theirs in pipes]
-    readers = [threading.Thread(target=ex._reader, args=(r,), daemon=True) for r in range(2)]
-    for reader in readers:
-        reader.start()
-    job = ex._submit("video_a-0000000a", wan_request())
+
+    def reader(rank: int) -> None:  # the TunedExecutor's reader thread: every answer goes to the queue
+        while True:
+            try:
+                ex.answer(rank, protocol.recv(pipes[rank][1]))
+            except (EOFError, OSError):
+                return
+
+    readers = [threading.Thread(target=reader, args=(r,), daemon=True) for r in range(2)]
+    for thread in readers:
+        thread.start()
+    job = ex.submit("video_a-0000000a", wan_request())
     assert job.ranks == (0, 1)
-    ex.abort_requests(["video_a-0000000a"])  # running: cancelled, the output that still comes is discarded
+    ex.abort(["video_a-0000000a"])  # running: cancelled, the output that still comes is discarded
     out = DiffusionOutput(output=torch.rand(1, 3, 5, 8, 8))
     protocol.output_to_shared_memory(out)
     names = _segments(out)

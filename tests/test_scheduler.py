@@ -162,7 +162,8 @@ def test_scheduler_imports_without_vllm_or_torch() -> None:
 # ---- options, order, admission, cost model (issue 10) --------------------------------------------
 from omni_ext.scheduler import admission as adm  # noqa: E402
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig, scheduler_config  # noqa: E402
-from omni_ext.scheduler.cost import CostModel, remaining_s, shape_key  # noqa: E402
+from omni_ext.models.families import shape_key  # noqa: E402
+from omni_ext.scheduler.cost import CostModel, remaining_s  # noqa: E402
 from omni_ext.scheduler.order import Ticket, effective_priority, in_order  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from omni_ext.server_process import vllm_omni_exe
-from tests.helpers import IMAGE, executor_events, image_gen, png_from, video_sync, wait_for_events
+from tests.helpers import IMAGE, events_mark, image_gen, png_from, video_sync, wait_for_events
 from tests.media import decode_mp4, decode_png
 
 
@@ -28,7 +28,7 @@ def test_video_sync_decodes_to_requested_frames_and_size(server) -> None:
     assert decode_mp4(resp.content) == (9, 48, 32)
 
 
-def assert_tuned_pair_run(server, before: int, *log_lines: str) -> None:
+def assert_tuned_pair_run(server, before: float, *log_lines: str) -> None:
     """The one request sent since event ``before`` ran as a CFG pair on ranks 0 and 1, each rank
     encoding only its own prompt (omni-ext's TunedExecutor)."""
     ev = wait_for_events(server, before, 1)
@@ -49,7 +49,7 @@ def assert_tuned_pair_run(server, before: int, *log_lines: str) -> None:
 )
 def test_cfg_parallel_2_video_is_byte_identical_to_one_worker(server_pool, name, size, frames, tuned) -> None:
     one, two = server_pool.get("wan"), server_pool.get(name)
-    before = len(executor_events(two.log_text()))
+    before = events_mark(two)
     a = video_sync(one, size=size, num_frames=frames)
     b = video_sync(two, size=size, num_frames=frames)
     assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
@@ -74,7 +74,7 @@ def test_image_generation_png_of_requested_size_in_default_dtype(server) -> None
 )
 def test_cfg_parallel_2_image_is_identical_to_one_worker(server_pool, name, size, tuned) -> None:
     one, two = server_pool.get("qwen"), server_pool.get(name)
-    before = len(executor_events(two.log_text()))
+    before = events_mark(two)
     a = png_from(image_gen(one, size=size))
     b = png_from(image_gen(two, size=size))
     assert a == b

@@ -163,11 +163,11 @@ def tiled_servers(tiny_models, tmp_path_factory) -> Iterator[dict]:
 
 @pytest.mark.server
 def test_tuned_cfg2_tiled_video_is_byte_identical_to_one_device_and_the_split_ran(tiled_servers) -> None:
-    from tests.helpers import executor_events, video_sync, wait_for_events
+    from tests.helpers import events_mark, video_sync, wait_for_events
     from tests.media import decode_mp4
 
     one, two = tiled_servers["one"], tiled_servers["tuned"]
-    before = len(executor_events(two.log_text()))
+    before = events_mark(two)
     a = video_sync(one, size=SIZE, num_frames=FRAMES)
     b = video_sync(two, size=SIZE, num_frames=FRAMES)
     assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])

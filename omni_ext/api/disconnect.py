@@ -15,11 +15,13 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, TypeVar
 
-from omni_ext.api.state import ApiState, abort
+from omni_ext.api.state import abort
 from omni_ext.progress import clear_progress
 
 if TYPE_CHECKING:
     from fastapi import Request
+
+    from omni_ext.api.queue import Admitted
 
 logger = logging.getLogger("omni_ext.api")
 T = TypeVar("T")
@@ -55,19 +57,21 @@ async def unless_gone(request: Request, work: Awaitable[T]) -> T:
     raise ClientGone
 
 
-async def run_admitted(request: Request, state: ApiState, request_id: str, what: str, work: Awaitable[T]) -> T:
-    """Run an admitted synchronous generation (its ticket already in ``state.queue``) until its output
-    arrives, then free its slot and let the cost model learn its time; or, if the client leaves
-    first, abort it and free its slot at once. ``what`` names it in the log ("video", "image")."""
+async def run_admitted(request: Request, admitted: Admitted, what: str, work: Awaitable[T]) -> T:
+    """Run an admitted synchronous generation until its output arrives, then report it finished
+    through its handle (its slot is free, the cost model learns its time); or, if the client leaves
+    first, abort it and report it cancelled (its slot is free at once). ``what`` names it in the log
+    ("video", "image")."""
+    request_id = admitted.job_id
     try:
         result = await unless_gone(request, work)
-        state.queue.finish(request_id)
+        admitted.finished()
         return result
     except ClientGone:
-        state.queue.cancel(request_id, "client_disconnected")
+        admitted.cancelled("client_disconnected")
         await abort(request, request_id)
         logger.info("omni-ext %s %s: client disconnected; generation aborted and its slot freed", what, request_id)
         raise
     finally:
-        state.queue.drop(request_id)  # a failed generation (a finished or cancelled one is already gone)
+        admitted.dropped()  # a failed generation (a finished or cancelled one is already gone)
         clear_progress(request_id)

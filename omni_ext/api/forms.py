@@ -19,10 +19,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from omni_ext.api.errors import APIError, bad_request
 from omni_ext.api.limits import MAX_PRIORITY, MIN_PRIORITY, SIZE_DIGITS
+from omni_ext.scheduler.order import PRIORITY_ARG
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -227,3 +228,35 @@ def check_model(fields: dict[str, Any], served_name: str, served_path: str) -> N
     if model not in (None, "", served_name, served_path):
         raise APIError(HTTPStatus.NOT_FOUND, f"The model '{model}' does not exist on this server (serving "
                        f"'{served_name}').", param="model", code="model_not_found")
+
+
+def request_fields(body: Body, *, accepted: Iterable[str], served: tuple[str, str], files: Iterable[str] = (),
+                   size: bool = False, ints: Mapping[str, tuple[int, int]] | None = None) -> tuple[dict[str, Any], str]:
+    """The checks a generation request starts with, in the order its first mistake is reported:
+    unknown fields (:func:`check_known`) and file fields (``files`` are accepted), ``prompt``,
+    ``model`` (``served``: the served model's name and path); then, when asked, ``size`` (as
+    ``width``/``height``) and each of ``ints`` (name -> bounds, in order; absent or null ones are
+    left as they are). Returns (the fields without ``model``, the prompt); the caller's own fields follow."""
+    fields = dict(body.fields)
+    check_known(fields, accepted)
+    unknown_files = sorted(set(body.files) - set(files))
+    if unknown_files:
+        raise bad_request(f"Unexpected file field: {unknown_files[0]}", unknown_files[0], "unknown_parameter")
+    prompt = check_prompt(fields)
+    check_model(fields, *served)
+    fields.pop("model", None)
+    if size and "size" in fields:
+        fields["width"], fields["height"] = parse_size(fields.pop("size"))
+    for name, (lo, hi) in (ints or {}).items():
+        if fields.get(name) is not None:
+            fields[name] = bounded_int(fields[name], name, lo, hi)
+    return fields, prompt
+
+
+def with_priority(extra: dict[str, Any] | None, priority: int) -> dict[str, Any] | None:
+    """``extra`` (a request's ``extra_params``) carrying ``priority`` to the executor; the key is
+    left out at the default 0, so that vLLM-Omni's "Applied extra_params" log line stays the user's."""
+    out = {k: v for k, v in (extra or {}).items() if k != PRIORITY_ARG}
+    if priority:
+        out[PRIORITY_ARG] = priority
+    return out if out or extra is not None else None

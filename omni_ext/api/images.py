@@ -16,6 +16,7 @@ import random
 import sqlite3
 import time
 import uuid
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -26,13 +27,13 @@ from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
 from omni_ext.api.forms import (
-    check_known, check_model, check_prompt, optional_float, optional_int, parse_body, parse_size, priority_of,
+    Body, optional_float, optional_int, parse_body, parse_size, priority_of, request_fields, with_priority,
 )
-from omni_ext.api.jobs import Job
+from omni_ext.api.jobs import Job, JobSpec
 from omni_ext.api.limits import MAX_COMPRESSION, MAX_OUTPUTS, MAX_SEED, MAX_STEPS, MIN_STEPS
-from omni_ext.api.queue import JobShape, job_shape, with_priority
 from omni_ext.api.state import ApiState, engine_client, get_state, now
 from omni_ext.api.validation import InvalidRequest, check_request
+from omni_ext.models.families import job_shape
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
@@ -46,11 +47,22 @@ _ACCEPTED = {
 }
 
 
-def parse_generation(fields: dict[str, Any], state: ApiState) -> dict[str, Any]:
-    """A generation request's fields, parsed and checked (bounds, then the served model's limits) before any work."""
-    check_known(fields, _ACCEPTED)
-    prompt = check_prompt(fields)
-    check_model(fields, state.model_name, state.model_path)
+@dataclass(frozen=True)
+class ImageReply:
+    """How a generation's images go back to the client."""
+
+    response_format: str  # ``b64_json`` or ``url``
+    output_format: str  # ``png``, ``jpeg`` or ``webp``
+    output_compression: int | None
+
+
+def parse_generation(fields: dict[str, Any], state: ApiState) -> tuple[JobSpec, ImageReply]:
+    """A generation request, parsed and checked (bounds, then the served model's limits) before any work:
+    its :class:`~omni_ext.api.jobs.JobSpec` (vLLM-Omni's prompt and sampling parameters, as its own
+    route builds them, with ``priority`` in their extra arguments) and how to answer it."""
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams, OmniTextPrompt
+
+    _, prompt = request_fields(Body(fields), accepted=_ACCEPTED, served=(state.model_name, state.model_path))
     if fields.get("stream") not in (None, False, "false"):
         raise bad_request("Streaming image generation is not supported by this server.", "stream",
                           "unsupported_parameter")
@@ -66,59 +78,55 @@ def parse_generation(fields: dict[str, Any], state: ApiState) -> dict[str, Any]:
     width = height = None
     if fields.get("size") not in (None, "auto"):
         width, height = parse_size(fields["size"])
-    parsed = {
-        "prompt": prompt, "n": optional_int(fields, "n", 1, MAX_OUTPUTS, 1), "width": width, "height": height,
-        "response_format": fmt, "output_format": out_fmt,
-        "output_compression": optional_int(fields, "output_compression", 0, MAX_COMPRESSION),
-        "negative_prompt": fields.get("negative_prompt"),
-        "num_inference_steps": optional_int(fields, "num_inference_steps", MIN_STEPS, MAX_STEPS),
-        "guidance_scale": optional_float(fields, "guidance_scale"),
-        "true_cfg_scale": optional_float(fields, "true_cfg_scale"),
-        "seed": optional_int(fields, "seed", 0, MAX_SEED), "generator_device": fields.get("generator_device"),
-        "extra_params": fields.get("extra_params"), "flow_shift": optional_float(fields, "flow_shift"),
-        "priority": priority_of(fields),
-    }
-    if parsed["extra_params"] is not None and not isinstance(parsed["extra_params"], dict):
+    n = optional_int(fields, "n", 1, MAX_OUTPUTS, 1)
+    reply = ImageReply(fmt, out_fmt, optional_int(fields, "output_compression", 0, MAX_COMPRESSION))
+    steps = optional_int(fields, "num_inference_steps", MIN_STEPS, MAX_STEPS)
+    guidance_scale = optional_float(fields, "guidance_scale")
+    true_cfg_scale = optional_float(fields, "true_cfg_scale")
+    seed = optional_int(fields, "seed", 0, MAX_SEED)
+    flow_shift = optional_float(fields, "flow_shift")
+    priority = priority_of(fields)
+    extra_params = fields.get("extra_params")
+    if extra_params is not None and not isinstance(extra_params, dict):
         raise bad_request("'extra_params' must be an object.", "extra_params")
     try:
-        check_request(state.limits, width=width, height=height, steps=parsed["num_inference_steps"], n=parsed["n"],
-                      guidance={name: parsed[name] for name in ("guidance_scale", "true_cfg_scale")})
+        check_request(state.limits, width=width, height=height, steps=steps, n=n,
+                      guidance={"guidance_scale": guidance_scale, "true_cfg_scale": true_cfg_scale})
     except InvalidRequest as exc:
         raise bad_request(exc.message, exc.param) from None
-    return parsed
+    negative_prompt = fields.get("negative_prompt")
+    engine_prompt = OmniTextPrompt(prompt=prompt, modalities=["image"])
+    if negative_prompt is not None:
+        engine_prompt["negative_prompt"] = negative_prompt
+    params = OmniDiffusionSamplingParams(num_outputs_per_prompt=n)
+    extra = with_priority(extra_params, priority) or {}
+    if flow_shift is not None:
+        extra["flow_shift"] = flow_shift
+    if extra:
+        params.extra_args = extra
+    if width is not None:
+        params.width, params.height = width, height
+        engine_prompt["height"], engine_prompt["width"] = height, width
+    for name, value in (("num_inference_steps", steps), ("guidance_scale", guidance_scale),
+                        ("true_cfg_scale", true_cfg_scale), ("generator_device", fields.get("generator_device"))):
+        if value is not None:
+            setattr(params, name, value)
+    params.seed = seed if seed is not None else random.randint(0, MAX_SEED)
+    shape = job_shape(state.limits.pipeline, width=width, height=height, steps=steps, n=n,
+                      negative_prompt=negative_prompt, guidance_scale=guidance_scale, true_cfg_scale=true_cfg_scale)
+    spec = JobSpec(request=(engine_prompt, params), prompt=prompt, shape=shape, priority=priority, width=width,
+                   height=height, steps=steps, n=n)
+    return spec, reply
 
 
-def image_shape(pipeline: str | None, p: dict[str, Any]) -> JobShape:
-    """What a parsed generation request costs (:func:`omni_ext.api.queue.job_shape`)."""
-    return job_shape(pipeline, width=p["width"], height=p["height"], steps=p["num_inference_steps"], n=p["n"],
-                     negative_prompt=p["negative_prompt"], guidance_scale=p["guidance_scale"],
-                     true_cfg_scale=p["true_cfg_scale"])
-
-
-async def _generate(request: Request, p: dict[str, Any], request_id: str) -> list[Any]:
+async def _generate(request: Request, spec: JobSpec, request_id: str) -> list[Any]:
     """vLLM-Omni's image generation call; returns PIL images."""
     from vllm_omni.entrypoints.openai.diffusion import _generate_with_async_omni
     from vllm_omni.entrypoints.openai.images.helpers import _extract_images_from_result
-    from vllm_omni.inputs.data import OmniDiffusionSamplingParams, OmniTextPrompt
 
     engine = engine_client(request)
     stage_configs = getattr(request.app.state, "stage_configs", None) or getattr(engine, "stage_configs", None)
-    prompt = OmniTextPrompt(prompt=p["prompt"], modalities=["image"])
-    if p["negative_prompt"] is not None:
-        prompt["negative_prompt"] = p["negative_prompt"]
-    params = OmniDiffusionSamplingParams(num_outputs_per_prompt=p["n"])
-    extra = with_priority(p["extra_params"], p["priority"]) or {}
-    if p["flow_shift"] is not None:
-        extra["flow_shift"] = p["flow_shift"]
-    if extra:
-        params.extra_args = extra
-    if p["width"] is not None:
-        params.width, params.height = p["width"], p["height"]
-        prompt["height"], prompt["width"] = p["height"], p["width"]
-    for name in ("num_inference_steps", "guidance_scale", "true_cfg_scale", "generator_device"):
-        if p[name] is not None:
-            setattr(params, name, p[name])
-    params.seed = p["seed"] if p["seed"] is not None else random.randint(0, MAX_SEED)
+    prompt, params = spec.request
     result = await _generate_with_async_omni(
         engine_client=engine, gen_params=params, stage_configs=list(stage_configs or []), prompt=prompt,
         request_id=request_id,
@@ -126,11 +134,12 @@ async def _generate(request: Request, p: dict[str, Any], request_id: str) -> lis
     return _extract_images_from_result(result)
 
 
-async def _respond(request: Request, state: ApiState, p: dict[str, Any], images: list[Any]) -> JSONResponse:
-    fmt, compression = p["output_format"], p["output_compression"]
+async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply,
+                   images: list[Any]) -> JSONResponse:
+    fmt, compression = reply.output_format, reply.output_compression
     encoded = [await media.off_loop(media.encode_image, img, fmt, compression) for img in images]
     data = []
-    if p["response_format"] == "b64_json":
+    if reply.response_format == "b64_json":
         data = [{"b64_json": base64.b64encode(b).decode("ascii"), "revised_prompt": None} for b in encoded]
     else:
         base = str(request.base_url).rstrip("/")
@@ -141,7 +150,7 @@ async def _respond(request: Request, state: ApiState, p: dict[str, Any], images:
                     image_id = f"img_{uuid.uuid4().hex}"
                     name = f"{image_id}.{fmt}"
                     job = Job(id=image_id, kind="image", status="completed", progress=100, model=state.model_name,
-                              prompt=p["prompt"], completed_at=now(), media={"image": name},
+                              prompt=spec.prompt, completed_at=now(), media={"image": name},
                               meta={"content_type": media.IMAGE_TYPES[fmt]})
                     if state.settings.ttl_s:
                         job.expires_at = job.completed_at + state.settings.ttl_s
@@ -171,18 +180,18 @@ async def generate_images(request: Request) -> JSONResponse:
     state = get_state(request)
     _check_json(request)
     body = await parse_body(request, state.settings.max_upload_bytes, allow_files=False)
-    p = parse_generation(body.fields, state)
+    spec, reply = parse_generation(body.fields, state)
     request_id = f"img_gen-{uuid.uuid4().hex}"
-    state.queue.admit(request_id, p["priority"], image_shape(state.limits.pipeline, p))  # or 429
+    admitted = state.queue.admit(request_id, spec.priority, spec.shape)  # or 429
     try:
-        images = await run_admitted(request, state, request_id, "image", _generate(request, p, request_id))
+        images = await run_admitted(request, admitted, "image", _generate(request, spec, request_id))
     except ClientGone:
         raise
     except Exception as exc:
         raise generation_error(exc, "Image generation", request_id) from None
     if not images:
         raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, "The model returned no image.", code="generation_failed")
-    return await _respond(request, state, p, images)
+    return await _respond(request, state, spec, reply, images)
 
 
 @router.get("/v1/images/{image_id}/content")

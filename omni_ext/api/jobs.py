@@ -22,7 +22,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omni_ext.models.families import JobShape
 
 ACTIVE = ("queued", "in_progress")
 
@@ -52,6 +55,33 @@ CREATE INDEX IF NOT EXISTS jobs_kind_seq ON jobs(kind, seq);
 
 _COLUMNS = ("id", "kind", "status", "progress", "model", "prompt", "seconds", "size", "created_at",
             "completed_at", "expires_at", "error_code", "error_message", "media", "meta")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One generation request, parsed and checked once by its route (``build_video_request``,
+    ``parse_generation``) before anything is admitted: what its job record, the queue and the
+    engine call need, and nothing the route still has to look up.
+
+    ``request``: vLLM-Omni's request for the engine call, a ``VideoGenerationRequest`` (videos) or
+    the ``(OmniTextPrompt, OmniDiffusionSamplingParams)`` pair of its image call (images), with
+    ``priority`` already carried in its extra parameters. ``reference``: the ``input_reference``
+    image (PIL) or None. ``width``/``height``/``frames``/``steps``: as the request resolves them
+    (None: the pipeline's own default). ``seconds``: OpenAI's video length (videos only).
+    """
+
+    request: Any
+    prompt: str
+    shape: JobShape
+    priority: int = 0
+    width: int | None = None
+    height: int | None = None
+    frames: int | None = None
+    fps: int | None = None
+    steps: int | None = None
+    seconds: str | None = None
+    n: int = 1
+    reference: Any = None
 
 
 @dataclass
@@ -139,6 +169,10 @@ class JobStore:
                 f"INSERT INTO jobs ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})", self._row(job)
             )
         return job
+
+    def create(self, **fields: Any) -> Job:
+        """Store a new :class:`Job` made of ``fields`` (see :meth:`add`)."""
+        return self.add(Job(**fields))
 
     def save(self, job: Job) -> Job:
         """Store a job's new state; if the database cannot take it now, it is kept in memory (never raises for that)."""

@@ -34,6 +34,7 @@ MAX_FPS = 240
 MAX_SEED = 2**32 - 1
 MAX_COMPRESSION = 100  # ``output_compression`` of jpeg/webp images, OpenAI's 0-100
 MAX_PAGE = 100  # ``limit`` of ``GET /v1/videos``
+MAX_PLACEMENTS_PAGE = 1000  # ``limit`` of ``GET /v1/omni_ext/placements``
 #: ``priority`` of a generation (vLLM's convention: lower runs earlier, default 0). Bounded so that
 #: aging (one step per ``aging_s`` waited) lifts any job to the front within a known time.
 MIN_PRIORITY = -1000

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from omni_ext.api import limits
-from omni_ext.api.layout import TUNED_EXECUTOR, server_layout
+from omni_ext.scheduler.layout import TUNED_EXECUTOR, server_layout
 from omni_ext.api.state import get_state, native_video_defaults
 
 PATH = "/playground"

@@ -27,70 +27,27 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from omni_ext.api import metrics
 from omni_ext.api.errors import APIError, too_busy
-from omni_ext.models import families
+from omni_ext.models.families import JobShape
 from omni_ext.progress import StepProgress, read_progress
 from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predict_start
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.cost import CostModel, remaining_s, request_shape
-from omni_ext.scheduler.order import PRIORITY_ARG, Ticket
+from omni_ext.scheduler.cost import CostModel
+from omni_ext.scheduler.queue import Entry, JobQueue
 
 logger = logging.getLogger("omni_ext.api")
 
-@dataclass(frozen=True)
-class JobShape:
-    """What a request costs: its shape class (:func:`~omni_ext.scheduler.cost.shape_key`) and its
-    work in the cost units of :func:`omni_ext.models.families.cost_units`."""
-
-    key: str
-    units: float
-
-
-def job_shape(
-    pipeline: str | None, *, width: int | None, height: int | None, frames: int | None = None, steps: int | None = None,
-    n: int = 1, negative_prompt: str | None = None, guidance_scale: float | None = None,
-    guidance_scale_2: float | None = None, true_cfg_scale: float | None = None,
-) -> JobShape:
-    """The shape of a request as its pipeline will run it: unset sizes take the family's native
-    ones, and CFG is decided by the pipeline's own rule (:func:`omni_ext.models.families.needs_cfg`).
-    ``n`` outputs cost ``n`` times one."""
-    sp = SimpleNamespace(
-        num_inference_steps=steps, width=width, height=height, num_frames=frames,
-        guidance_scale=guidance_scale, guidance_scale_provided=guidance_scale is not None,
-        guidance_scale_2=guidance_scale_2, guidance_scale_2_provided=guidance_scale_2 is not None,
-        true_cfg_scale=true_cfg_scale,
-    )
-    cfg = families.needs_cfg(pipeline, {"negative_prompt": negative_prompt}, sp)
-    key, _steps = request_shape(pipeline, sp, cfg)
-    return JobShape(key, families.cost_units(pipeline, sp, cfg) * max(1, n))
-
-
-def with_priority(extra: dict[str, Any] | None, priority: int) -> dict[str, Any] | None:
-    """``extra`` (a request's ``extra_params``) carrying ``priority`` to the executor; the key is
-    left out at the default 0, so that vLLM-Omni's "Applied extra_params" log line stays the user's."""
-    out = {k: v for k, v in (extra or {}).items() if k != PRIORITY_ARG}
-    if priority:
-        out[PRIORITY_ARG] = priority
-    return out if out or extra is not None else None
-
-
 @dataclass
 class Tracked:
-    """One admitted job: its ticket (order and prediction), its shape, and when it started."""
+    """What the account keeps of an admitted job beside its queue entry: the priority the client
+    asked for (the entry's is 0 under vLLM-Omni's executor, which runs first come first served)
+    and its latest progress file."""
 
-    ticket: Ticket
-    shape: JobShape
     priority: int
-    started_wall: float | None = None  # unix seconds it started on the workers; None while queued
-    step: StepProgress | None = None  # its latest progress file
-
-    @property
-    def running(self) -> bool:
-        return self.started_wall is not None
+    step: StepProgress | None = None
 
 
 @dataclass(frozen=True)
@@ -109,12 +66,50 @@ class QueueView:
                 "predicted_start_at": int(round(now_wall + self.wait_s)) if known else None}
 
 
+@dataclass
+class Admitted:
+    """What admission hands the route that asked: the job's place in the account and the decision
+    (``wait_s``, ``position``). The route reports the job's life through it and nothing else:
+    :meth:`started` (vLLM-Omni's ``on_started``), :meth:`finished` (its output arrived: the slot is
+    free and its time is learned), :meth:`cancelled` (``DELETE``, a client that went away) and
+    :meth:`dropped` (it failed, or was refused after admission; a no-op once finished or cancelled)."""
+
+    queue: RequestQueue
+    job_id: str
+    decision: Decision
+
+    @property
+    def wait_s(self) -> float:
+        return self.decision.wait_s
+
+    @property
+    def position(self) -> int:
+        return self.decision.position
+
+    def view(self) -> QueueView:
+        """The job's :class:`QueueView` as admission decided it (what the first answer shows)."""
+        known = self.queue.cost.rate() is not None
+        return QueueView(self.decision.position, self.decision.wait_s if known else None)
+
+    def started(self) -> None:
+        self.queue.mark_started(self.job_id)
+
+    def finished(self) -> float | None:
+        return self.queue.finish(self.job_id)
+
+    def cancelled(self, reason: str) -> bool:
+        return self.queue.cancel(self.job_id, reason)
+
+    def dropped(self) -> None:
+        self.queue.drop(self.job_id)
+
+
 class RequestQueue:
     """The account of one server's admitted jobs (see the module docstring).
 
     ``tuned``: the TunedExecutor runs the jobs; it orders them by priority, vLLM-Omni's own
     executor runs them first come first served, and the account follows whichever runs.
-    ``slots``: jobs that run at once (:meth:`omni_ext.api.layout.ServerLayout.slots`).
+    ``slots``: jobs that run at once (:meth:`omni_ext.scheduler.layout.ServerLayout.slots`).
     ``live_slots``/``bound_since``: when a dispatch in this process binds jobs to replicas
     (:class:`omni_ext.dispatch.replicas.ReplicaDispatch`, given at start-up), how many jobs its live
     replicas run at once and when a job was bound (it runs from then on); without one, admission
@@ -133,9 +128,8 @@ class RequestQueue:
         self.tuned = tuned
         self.model = model
         self.max_jobs = max_jobs
-        self.cost = CostModel(config.seconds_per_unit)
+        self.jobs: JobQueue[Tracked] = JobQueue(self.config)
         self.admission = Admission(self.config, max(1, slots))
-        self.jobs: dict[str, Tracked] = {}
         self.clock, self.wall, self.progress = clock, wall, progress
         self.live_slots, self.bound_since = live_slots, bound_since
         metrics.track(self)
@@ -144,73 +138,79 @@ class RequestQueue:
     def slots(self) -> int:
         return self.admission.capacity
 
+    @property
+    def cost(self) -> CostModel:
+        return self.jobs.cost
+
     # ---- a job's life ----------------------------------------------------------------------
-    def admit(self, job_id: str, priority: int, shape: JobShape) -> Decision:
-        """Admit a new job or raise 429 ``queue_full`` (with Retry-After) before it exists."""
-        ticket = self._price(Ticket(job_id, priority if self.tuned else 0, self.clock()), shape)
+    def admit(self, job_id: str, priority: int, shape: JobShape) -> Admitted:
+        """Admit a new job (its :class:`Admitted` handle) or raise 429 ``queue_full`` (with Retry-After)
+        before it exists."""
+        now = self.clock()
         self._follow_replicas()
-        running, queued = self._snapshot()
+        self._update_all()
         if self.max_jobs is not None and len(self.jobs) >= self.max_jobs:
+            running = [self.jobs.remaining(e, now) or 0.0 for e in self.jobs.running()]
             retry = max(MIN_RETRY_S, min(running, default=MIN_RETRY_S))
             metrics.REFUSED.labels("max_queued").inc()
             raise too_busy(f"Too many jobs on this server ({len(self.jobs)}, limit {self.max_jobs}: "
                            f"omni_ext.api.max_queued); retry after {retry:.1f} s.", retry)
-        decision = self.admission.decide(self.clock(), running, queued, ticket)
+        entry, running, queued = self.jobs.candidate(job_id, Tracked(priority), now=now,
+                                                     priority=priority if self.tuned else 0, key=shape.key, units=shape.units)
+        decision = self.admission.decide(now, running, queued, entry.ticket)
         if not decision.admitted:
             metrics.REFUSED.labels(decision.reason).inc()
             raise self._refusal(decision)
-        self.jobs[job_id] = Tracked(ticket, shape, priority)
+        self.jobs.add(entry)
         metrics.ADMITTED.inc()
         metrics.PREDICTED_WAIT.observe(decision.wait_s)
-        return decision
+        return Admitted(self, job_id, decision)
 
     def mark_started(self, job_id: str) -> None:
         """vLLM-Omni's ``on_started``: the engine handed the job on (its start, except under the TunedExecutor)."""
-        tracked = self.jobs.get(job_id)
-        if tracked is not None and not self.tuned and tracked.started_wall is None:
-            tracked.started_wall = self.wall()
+        entry = self.jobs.get(job_id)
+        if entry is not None and not self.tuned and not entry.running:
+            self.jobs.start(job_id, self.clock())
 
     def finish(self, job_id: str) -> float | None:
         """The job's output arrived: its slot is free, and its time (start to output) teaches the cost
         model. Returns that time, or None if the job was never seen running (then nothing is learned)."""
-        tracked = self.jobs.pop(job_id, None)
-        if tracked is None:
+        entry = self.jobs.get(job_id)
+        if entry is None:
             return None
-        self._update(tracked)
-        if tracked.started_wall is None:
-            return None
-        seconds = max(0.0, self.wall() - tracked.started_wall)
-        self.cost.observe(tracked.shape.key, tracked.shape.units, seconds)
-        metrics.JOB_SECONDS.labels(self.model).observe(seconds)
+        self._update(entry)
+        seconds = self.jobs.finish(job_id, self.clock())
+        if seconds is not None:
+            metrics.JOB_SECONDS.labels(self.model).observe(seconds)
         return seconds
 
     def cancel(self, job_id: str, reason: str) -> bool:
         """Forget a job that will not finish (``deleted``, ``client_disconnected``): its capacity is
         free at once. Returns whether it was still accounted."""
-        if self.jobs.pop(job_id, None) is None:
+        if self.jobs.abort(job_id) is None:
             return False
         metrics.CANCELLED.labels(reason).inc()
         return True
 
     def drop(self, job_id: str) -> None:
         """Forget a job that failed (or was already finished or cancelled: then nothing happens)."""
-        self.jobs.pop(job_id, None)
+        self.jobs.abort(job_id)
 
     # ---- what clients and metrics see -----------------------------------------------------
     def running(self, job_id: str) -> bool:
-        tracked = self.jobs.get(job_id)
-        if tracked is None:
+        entry = self.jobs.get(job_id)
+        if entry is None:
             return False
-        self._update(tracked)
-        return tracked.running
+        self._update(entry)
+        return entry.running
 
     def views(self) -> dict[str, QueueView]:
         """Every queued job's position and predicted start."""
         self._follow_replicas()
-        running, queued = self._snapshot()
+        self._update_all()
         known = self.cost.rate() is not None
         return {job_id: QueueView(est.position, est.start_in_s if known else None)
-                for job_id, est in self.admission.estimates(self.clock(), running, queued).items()}
+                for job_id, est in self.jobs.estimates(self.clock(), self.slots).items()}
 
     def view(self, job_id: str) -> QueueView | None:
         """A queued job's :class:`QueueView`; None once it runs (or is unknown)."""
@@ -221,7 +221,8 @@ class RequestQueue:
         and the predicted seconds until a job admitted now behind every queued one would start
         (None while the server knows no rate for any shape)."""
         self._follow_replicas()
-        running, queued = self._snapshot()
+        self._update_all()
+        running, queued = self.jobs.snapshot(self.clock())
         wait = None
         if self.cost.rate() is not None:
             wait = round(predict_start(running, [t.predicted_s or 0.0 for t in queued], self.slots), 1)
@@ -229,9 +230,8 @@ class RequestQueue:
 
     def depth_by_priority(self) -> dict[int, int]:
         """Queued (not yet started) jobs per requested priority."""
-        for tracked in self.jobs.values():
-            self._update(tracked)
-        return dict(Counter(tracked.priority for tracked in self.jobs.values() if not tracked.running))
+        self._update_all()
+        return dict(Counter(e.payload.priority for e in self.jobs.queued()))
 
     # ---- internals ------------------------------------------------------------------------
     def _refusal(self, decision: Decision) -> APIError:
@@ -241,21 +241,23 @@ class RequestQueue:
             f"({decision.position} job(s) ahead), over its bound of {self.config.max_wait_s:g} s "
             f"(omni_ext.scheduler.max_wait_s); retry after {retry:.1f} s.", retry)
 
-    def _price(self, ticket: Ticket, shape: JobShape) -> Ticket:
-        """``ticket`` with its predicted seconds from what the cost model knows now, and its ordering
-        cost in the measure every ticket shares at that moment (seconds once a rate is known, else units)."""
-        return ticket.price(self.cost.predict_s(shape.key, shape.units), shape.units)
+    def _update_all(self) -> None:
+        for entry in list(self.jobs.entries.values()):
+            self._update(entry)
 
-    def _update(self, tracked: Tracked) -> None:
-        step = self.progress(tracked.ticket.id)
+    def _update(self, entry: Entry[Tracked]) -> None:
+        """Bring a job up to date with what this process can see of it: its progress file (the
+        TunedExecutor's start marker, then the workers' step reports), or, in front of several
+        replicas, when the head bound it (a remote replica's progress files are on its own host)."""
+        step = self.progress(entry.id)
         if step is not None:
-            tracked.step = step
-            if tracked.started_wall is None:
-                tracked.started_wall = step.t_start
-        if tracked.started_wall is None:
-            # In front of several replicas the head binds a job when it starts on one; a remote
-            # replica's progress files are on its own host, so the binding is what is known here.
-            tracked.started_wall = self.bound_since(tracked.ticket.id)
+            entry.payload.step = step
+            entry.steps = (step.done, step.total, step.t_last - step.t_start) if step.done > 0 else ()
+            started_wall: float | None = step.t_start
+        else:
+            started_wall = None if entry.running else self.bound_since(entry.id)
+        if started_wall is not None and not entry.running:
+            self.jobs.start(entry.id, self.clock() - max(0.0, self.wall() - started_wall))
 
     def _follow_replicas(self) -> None:
         """Admission counts the slots of every live replica: replicas join and leave at run time on a
@@ -266,20 +268,3 @@ class RequestQueue:
             self.admission.capacity = live
             self.admission.forget_promises()
             logger.info("omni-ext scheduler (API): a replica %s; admission now counts %d slot(s)", change, live)
-
-    def _snapshot(self) -> tuple[list[float], list[Ticket]]:
-        """(predicted seconds left of each running job, the queued tickets), with every prediction
-        brought up to date with what the cost model has learned meanwhile."""
-        now = self.wall()
-        running: list[float] = []
-        queued: list[Ticket] = []
-        for tracked in self.jobs.values():
-            self._update(tracked)
-            ticket = self._price(tracked.ticket, tracked.shape)
-            if tracked.started_wall is None:
-                queued.append(ticket)
-                continue
-            step = tracked.step
-            measured = (step.done, step.total, step.t_last - step.t_start) if step is not None else ()
-            running.append(remaining_s(ticket.predicted_s, now - tracked.started_wall, *measured) or 0.0)
-        return running, queued

@@ -55,7 +55,7 @@ def build_router(stock_edits_app: Any = None) -> APIRouter:
     """omni-ext's routes; ``stock_edits_app`` is vLLM-Omni's /v1/images/edits endpoint (kept for models that edit)."""
     from starlette.routing import Route
 
-    from omni_ext.api import images, playground, videos
+    from omni_ext.api import images, placements, playground, videos
 
     router = APIRouter(route_class=ErrorRoute)
     for sub in (videos.router, images.router):
@@ -66,6 +66,7 @@ def build_router(stock_edits_app: Any = None) -> APIRouter:
                                  openapi_extra=route.openapi_extra)
     router.routes.append(Route("/v1/images/edits", EditsDispatch(stock_edits_app), methods=["POST"]))
     playground.install(router)
+    placements.install(router)
     for kind in ("videos", "images"):  # after the real routes: anything else under them is a clean 400/404
         router.add_api_route(f"/v1/{kind}/{{rest:path}}", _unknown_path, methods=["GET", "POST", "DELETE"],
                              include_in_schema=False)
@@ -87,10 +88,13 @@ class EditsDispatch:
         self.stock_app = stock_app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        from omni_ext.api.state import init_state
+        from omni_ext.api.state import state_of
 
-        app = scope["app"]
-        state = init_state(app.state, getattr(app.state, "args", None))
+        try:
+            state = state_of(scope["app"].state)
+        except APIError as err:  # before start-up: 503
+            await err.response()(scope, receive, send)
+            return
         family = state.limits.family
         if family is not None and family.can_edit and self.stock_app is not None:
             await self.stock_app(scope, receive, send)

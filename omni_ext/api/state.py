@@ -1,12 +1,13 @@
 """Per-server state of omni-ext's routes: settings, the job store, running tasks, model facts, and
 the account of admitted jobs (:class:`~omni_ext.api.queue.RequestQueue`).
 
-Created once per API process when vLLM-Omni initialises its app state (see the ``openai-routes``
-patch), which is also when jobs left queued/running by a previous process are marked failed, the
-expiry sweeper starts, the scheduler's options are read (a bad one stops the server there) and
-given to this process's dispatch to replicas (which the start-up hook passes in), and
-vLLM-Omni's video handler and the request defaults it implies are resolved (:class:`VideoBackend`),
-so that no request pays for them.
+Created once per API process, and only there, when vLLM-Omni initialises its app state (the
+``openai-routes`` patch calls :func:`init_state`), which is also when jobs left queued/running by a
+previous process are marked failed, the expiry sweeper starts, the scheduler's options are read (a
+bad one stops the server there) and given to this process's dispatch to replicas (which the
+start-up hook passes in), and vLLM-Omni's video handler and the request defaults it implies are
+resolved (:class:`VideoBackend`). No request does start-up work: one that comes before (or
+without) it is answered 503 (:func:`get_state`, :func:`video_state`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from omni_ext.api import media
 from omni_ext.api.errors import APIError, bad_request, not_found, storage
 from omni_ext.api.forms import ID_RE
 from omni_ext.api.jobs import Job, JobStore
-from omni_ext.api.layout import server_layout
-from omni_ext.api.queue import RequestQueue
+from omni_ext.scheduler.layout import server_layout
+from omni_ext.api.queue import Admitted, RequestQueue
 from omni_ext.api.settings import ApiSettings, load_settings
 from omni_ext.api.validation import ModelLimits, limits_for_model
 from omni_ext.scheduler.config import scheduler_config
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("omni_ext.api")
 
 VIDEO_FIELDS = ("width", "height", "num_frames", "fps")
+VIDEO_UNAVAILABLE = "Video generation is not available on this server."
 
 
 @dataclass(frozen=True)
@@ -58,18 +60,15 @@ class ApiState:
     model_path: str
     limits: ModelLimits
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+    #: The admission handles of running async video jobs, by job id: ``DELETE`` has only the id, and
+    #: reports the cancellation through the job's handle (its task reports the rest of its life).
+    admitted: dict[str, Admitted] = field(default_factory=dict)
     queue: RequestQueue = field(default_factory=RequestQueue)
     sweeper: asyncio.Task | None = None
-    video: VideoBackend | None = None  # resolved at start-up, or on first use if the app was not ready
+    video: VideoBackend | None = None  # resolved at start-up; None: this server has no video handler
 
     def media_path(self, name: str) -> Path:
         return self.settings.media_dir / name
-
-    def video_backend(self, app_state: Any) -> VideoBackend:
-        """The resolved :class:`VideoBackend`; 503 (not cached) while the engine or handler is missing."""
-        if self.video is None:
-            self.video = resolve_video_backend(app_state, self.limits)
-        return self.video
 
     def find_job(self, kind: str, ident: str) -> Job:
         """The ``kind`` job (``video``/``image``) with id ``ident``: 400 for a malformed id, 404 if unknown."""
@@ -160,8 +159,7 @@ def resolve_video_backend(app_state: Any, limits: ModelLimits) -> VideoBackend:
     require_engine(app_state)
     handler = getattr(app_state, "openai_serving_video", None)
     if handler is None or not hasattr(handler, "_run_and_extract"):
-        raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "Video generation is not available on this server.",
-                       code="video_unavailable")
+        raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, VIDEO_UNAVAILABLE, code="video_unavailable")
     stage_configs = getattr(app_state, "stage_configs", None)
     if stage_configs and hasattr(handler, "set_stage_configs_if_missing"):
         handler.set_stage_configs_if_missing(stage_configs)
@@ -221,11 +219,11 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
     if failed:
         logger.warning("omni-ext: %d job(s) were queued or running when the server stopped; marked failed", len(failed))
     state = ApiState(settings=settings, store=store, model_name=name, model_path=path, limits=limits, queue=queue)
-    app_state.omni_ext = state
     try:
-        state.video_backend(app_state)
-    except APIError:
-        pass  # not ready yet (or no video handler): resolved on the first video request
+        state.video = resolve_video_backend(app_state, limits)
+    except APIError as exc:  # no video handler on this server: /v1/videos answers 503 video_unavailable
+        logger.warning("omni-ext API: video generation unavailable: %s", exc.message)
+    app_state.omni_ext = state
     logger.info("omni-ext API: jobs in %s, media in %s, ttl %ss", settings.db_path, settings.media_dir, settings.ttl_s)
     try:
         state.sweeper = asyncio.get_running_loop().create_task(state._sweep_forever())
@@ -235,11 +233,25 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
 
 
 def get_state(request: Request) -> ApiState:
-    """This server's :class:`ApiState` (created here if the app-state hook did not run)."""
-    state = getattr(request.app.state, "omni_ext", None)
+    """This server's :class:`ApiState`; 503 ``engine_unavailable`` before the start-up hook created it."""
+    return state_of(request.app.state)
+
+
+def state_of(app_state: Any) -> ApiState:
+    """:func:`get_state` from the app's state (an ASGI endpoint has no :class:`Request`)."""
+    state = getattr(app_state, "omni_ext", None)
     if state is None:
-        state = init_state(request.app.state, getattr(request.app.state, "args", None))
+        raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "The server is not ready yet.", code="engine_unavailable")
     return state
+
+
+def video_state(request: Request) -> tuple[ApiState, VideoBackend]:
+    """:func:`get_state` and the :class:`VideoBackend` resolved at start-up; 503 ``video_unavailable``
+    on a server without one."""
+    state = get_state(request)
+    if state.video is None:
+        raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, VIDEO_UNAVAILABLE, code="video_unavailable")
+    return state, state.video
 
 
 def engine_client(request: Request) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
@@ -34,11 +34,12 @@ class ModelLimits:
     spatial_multiple: int  # height and width must be multiples of this (0: unknown, not checked)
     min_steps: int
     is_video: bool
+    #: The served pipeline's entry in the model-family table (None: a class omni-ext does not list),
+    #: looked up once with the limits, so that a request reads it without a look-up.
+    family: ModelFamily | None = field(init=False, repr=False, compare=False)
 
-    @property
-    def family(self) -> ModelFamily | None:
-        """The served pipeline's entry in the model-family table (None: a class omni-ext does not list)."""
-        return families.family_of(self.pipeline)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "family", families.family_of(self.pipeline))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -30,14 +29,13 @@ from fastapi.responses import JSONResponse, Response
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, bad_request, from_pydantic, generation_error, storage
-from omni_ext.api.forms import (
-    ID_RE, Body, bounded_int, check_known, check_model, check_prompt, parse_body, parse_size, priority_of,
-)
-from omni_ext.api.jobs import Job
-from omni_ext.api.limits import MAX_FPS, MAX_PAGE, MAX_SECONDS, MAX_SEED
-from omni_ext.api.queue import QueueView, job_shape, with_priority
-from omni_ext.api.state import ApiState, VideoBackend, abort, get_state, now
+from omni_ext.api.forms import ID_RE, Body, bounded_int, parse_body, request_fields, with_priority
+from omni_ext.api.jobs import Job, JobSpec
+from omni_ext.api.limits import MAX_FPS, MAX_PAGE, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MIN_PRIORITY
+from omni_ext.api.queue import Admitted, QueueView
+from omni_ext.api.state import ApiState, VideoBackend, abort, get_state, now, video_state
 from omni_ext.api.validation import GUIDANCE_FIELDS, InvalidRequest, check_request
+from omni_ext.models.families import job_shape
 from omni_ext.progress import clear_progress, read_progress
 
 logger = logging.getLogger("omni_ext.api")
@@ -46,6 +44,8 @@ router = APIRouter()
 POLL_MIN_MS, POLL_MAX_MS = 100, 5000
 FALLBACK_FPS = 16  # ``seconds`` on a model whose native fps omni-ext does not know
 _OWN_FIELDS = {"seconds", "size", "input_reference", "priority"}
+#: Integer fields bounded here, in the order their errors are reported (after ``size``).
+_INTS = {"priority": (MIN_PRIORITY, MAX_PRIORITY), "seconds": (1, MAX_SECONDS), "fps": (1, MAX_FPS), "seed": (0, MAX_SEED)}
 
 
 # ---- request building -------------------------------------------------------------------------
@@ -90,9 +90,10 @@ def _reference_image(body: Body, state: ApiState) -> Any:
     return img.convert("RGB")
 
 
-def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -> tuple[Any, Any, dict[str, Any]]:
-    """(vLLM-Omni VideoGenerationRequest, reference image or None, facts for the job record and the
-    queue: its size, frames, ``priority`` and :class:`~omni_ext.api.queue.JobShape`).
+def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -> JobSpec:
+    """The request's :class:`~omni_ext.api.jobs.JobSpec`: vLLM-Omni's ``VideoGenerationRequest`` (with
+    ``priority`` in its ``extra_params``), the reference image or None, its size, frames, fps, steps,
+    ``seconds``, ``priority`` and :class:`~omni_ext.models.families.JobShape`.
 
     ``defaults`` (:attr:`VideoBackend.defaults`) fill what the request leaves out: ``size`` -> width and
     height, ``seconds`` -> frames at their fps. Every field is checked here, once, so that a bad request
@@ -101,36 +102,21 @@ def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -
     """
     from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
 
-    if not state.limits.is_video:
-        raise bad_request(f"The served model ({state.limits.pipeline or 'unknown'}) does not generate video; use "
+    limits = state.limits
+    if not limits.is_video:
+        raise bad_request(f"The served model ({limits.pipeline or 'unknown'}) does not generate video; use "
                           "/v1/images/generations.", None, "unsupported_model")
-    fields = dict(body.fields)
-    check_known(fields, _video_request_fields() | _OWN_FIELDS)
-    unknown_files = sorted(set(body.files) - {"input_reference"})
-    if unknown_files:
-        raise bad_request(f"Unexpected file field: {unknown_files[0]}", unknown_files[0], "unknown_parameter")
-    check_prompt(fields)
-    check_model(fields, state.model_name, state.model_path)
-    fields.pop("model", None)
-    if "size" in fields:
-        fields["width"], fields["height"] = parse_size(fields.pop("size"))
-    elif "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
+    fields, _ = request_fields(body, accepted=_video_request_fields() | _OWN_FIELDS, files=("input_reference",),
+                               served=(state.model_name, state.model_path), size=True, ints=_INTS)
+    if "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
         fields["width"], fields["height"] = defaults["width"], defaults["height"]
-    priority = priority_of(fields)
-    fields.pop("priority", None)
+    priority = fields.pop("priority", None) or 0
     seconds = fields.pop("seconds", None)
-    if seconds is not None:
-        seconds = bounded_int(seconds, "seconds", 1, MAX_SECONDS)
-    for name, lo, hi in (("fps", 1, MAX_FPS), ("seed", 0, MAX_SEED)):
-        if fields.get(name) is not None:
-            fields[name] = bounded_int(fields[name], name, lo, hi)
     if seconds is not None:
         if fields.get("fps") is None:
             fields["fps"] = defaults.get("fps", FALLBACK_FPS)
-        fps = fields["fps"]
-        family = state.limits.family
-        temporal = family.latent_temporal if family is not None else 4
-        fields.setdefault("num_frames", seconds * fps // temporal * temporal + 1)  # the VAE's 4k+1 frames
+        temporal = limits.family.latent_temporal if limits.family is not None else 4
+        fields.setdefault("num_frames", seconds * fields["fps"] // temporal * temporal + 1)  # the VAE's 4k+1 frames
     else:
         for key in ("fps", "num_frames"):
             if key in defaults:
@@ -141,37 +127,37 @@ def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -
         vreq = VideoGenerationRequest(**fields)
     except Exception as exc:  # pydantic.ValidationError
         raise from_pydantic(exc) from None
-    vreq.extra_params = with_priority(vreq.extra_params, priority)
     vp = vreq.resolve_video_params()
     try:
-        check_request(state.limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
+        check_request(limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
                       steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt,
                       guidance={name: getattr(vreq, name, None) for name in GUIDANCE_FIELDS})
     except InvalidRequest as exc:
         raise bad_request(exc.message, exc.param) from None
-    facts = {
-        "width": vp.width, "height": vp.height, "num_frames": vp.num_frames, "fps": vp.fps,
-        "steps": vreq.num_inference_steps,
-        "seconds": str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
-        "priority": priority,
-        "shape": job_shape(state.limits.pipeline, width=vp.width, height=vp.height, frames=vp.num_frames,
-                           steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
-                           negative_prompt=vreq.negative_prompt, guidance_scale=vreq.guidance_scale,
-                           guidance_scale_2=vreq.guidance_scale_2, true_cfg_scale=vreq.true_cfg_scale),
-    }
-    return vreq, ref_image, facts
+    vreq.extra_params = with_priority(vreq.extra_params, priority)
+    shape = job_shape(limits.pipeline, width=vp.width, height=vp.height, frames=vp.num_frames,
+                      steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
+                      negative_prompt=vreq.negative_prompt, guidance_scale=vreq.guidance_scale,
+                      guidance_scale_2=vreq.guidance_scale_2, true_cfg_scale=vreq.true_cfg_scale)
+    return JobSpec(
+        request=vreq, prompt=vreq.prompt, shape=shape, priority=priority, width=vp.width, height=vp.height,
+        frames=vp.num_frames, fps=vp.fps, steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
+        seconds=str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
+        reference=ref_image,
+    )
 
 
 # ---- generation -------------------------------------------------------------------------------
-async def generate(handler: Any, vreq: Any, request_id: str, ref_image: Any,
-                   on_started: Callable[[], Awaitable[None]] | None = None) -> Any:
-    """vLLM-Omni's generation (its artifacts); the engine slot is free once this returns."""
+async def generate(handler: Any, spec: JobSpec, request_id: str, admitted: Admitted) -> Any:
+    """vLLM-Omni's generation (its artifacts), reporting its start through ``admitted`` (vLLM-Omni's
+    ``on_started``); the engine slot is free once this returns."""
     from vllm_omni.entrypoints.openai.serving_video import ReferenceImage
 
-    return await handler._run_and_extract(
-        vreq, request_id, reference_image=ReferenceImage(data=ref_image) if ref_image is not None else None,
-        on_started=on_started,
-    )
+    async def on_started() -> None:
+        admitted.started()
+
+    reference = ReferenceImage(data=spec.reference) if spec.reference is not None else None
+    return await handler._run_and_extract(spec.request, request_id, reference_image=reference, on_started=on_started)
 
 
 async def encode_mp4(handler: Any, vreq: Any, artifacts: Any) -> bytes:
@@ -200,21 +186,17 @@ def _mark_running(state: ApiState, job: Job) -> None:
         state.store.save(job)
 
 
-async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image: Any) -> None:
+async def _run_job(state: ApiState, handler: Any, job: Job, spec: JobSpec, admitted: Admitted) -> None:
+    """An admitted async job, from generation to stored media; it reports its life through ``admitted``."""
     started = time.monotonic()
-
-    async def on_started() -> None:
-        state.queue.mark_started(job.id)
-        _mark_running(state, job)
-
     try:
-        artifacts = await generate(handler, vreq, job.id, ref_image, on_started=on_started)
+        artifacts = await generate(handler, spec, job.id, admitted)
         job.status = "in_progress"
         job.progress = max(job.progress, 95)
         job.meta["encoding"] = True
         state.store.save(job)
-        state.queue.finish(job.id)  # its slot is free; encoding runs here, in the API process
-        mp4 = await encode_mp4(handler, vreq, artifacts)
+        admitted.finished()  # its slot is free; encoding runs here, in the API process
+        mp4 = await encode_mp4(handler, spec.request, artifacts)
         thumb = await media.off_loop(media.mp4_thumbnail, mp4)
         files = {"video": f"{job.id}.mp4", "thumbnail": f"{job.id}.webp"}
         try:
@@ -245,9 +227,10 @@ async def _run_job(state: ApiState, handler: Any, job: Job, vreq: Any, ref_image
         job.error_code, job.error_message = error.code or "invalid_request", error.message
         state.store.save(job)
     finally:
-        state.queue.drop(job.id)  # failed or cancelled (a finished job is already gone)
+        admitted.dropped()  # failed or cancelled (a finished job is already gone)
         clear_progress(job.id)
         state.tasks.pop(job.id, None)
+        state.admitted.pop(job.id, None)
 
 
 # ---- views ------------------------------------------------------------------------------------
@@ -309,54 +292,48 @@ def _video_response(state: ApiState, job: Job) -> JSONResponse:
     return JSONResponse(video_object(job, queued.get(job.id)), headers=headers)
 
 
-async def _parse_create(request: Request) -> tuple[ApiState, VideoBackend, Any, Any, dict[str, Any]]:
-    """What both create routes start with: (state, video backend, vLLM-Omni request, reference image, facts)."""
-    state = get_state(request)
-    backend = state.video_backend(request.app.state)  # 503 until the engine is ready
+async def _parse_create(request: Request) -> tuple[ApiState, VideoBackend, JobSpec]:
+    """What both create routes start with: (state, video backend, the request's job spec)."""
+    state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
     body = await parse_body(request, state.settings.max_upload_bytes)
-    vreq, ref_image, facts = build_video_request(body, state, backend.defaults)
-    return state, backend, vreq, ref_image, facts
+    return state, backend, build_video_request(body, state, backend.defaults)
 
 
 # ---- routes -----------------------------------------------------------------------------------
 @router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video(request: Request) -> JSONResponse:
-    state, backend, vreq, ref_image, facts = await _parse_create(request)
+    state, backend, spec = await _parse_create(request)
     job_id = f"video_{uuid.uuid4().hex}"
-    decision = state.queue.admit(job_id, facts["priority"], facts["shape"])  # or 429
-    job = Job(
-        id=job_id, kind="video", model=state.model_name, prompt=vreq.prompt,
-        seconds=facts["seconds"], size=f"{facts['width']}x{facts['height']}",
-        meta={"num_frames": facts["num_frames"], "fps": facts["fps"], "priority": facts["priority"]},
-    )
+    admitted = state.queue.admit(job_id, spec.priority, spec.shape)  # or 429
     try:
         with storage(f"storing video {job_id}"):
-            state.store.add(job)
+            job = state.store.create(
+                id=job_id, kind="video", model=state.model_name, prompt=spec.prompt, seconds=spec.seconds,
+                size=f"{spec.width}x{spec.height}", meta={"num_frames": spec.frames, "fps": spec.fps, "priority": spec.priority},
+            )
     except StorageError:
-        state.queue.drop(job_id)  # refused after all: its admission must not hold capacity
+        admitted.dropped()  # refused after all: its admission must not hold capacity
         raise
-    state.tasks[job.id] = asyncio.create_task(_run_job(state, backend.handler, job, vreq, ref_image))
+    state.admitted[job.id] = admitted
+    state.tasks[job.id] = asyncio.create_task(_run_job(state, backend.handler, job, spec, admitted))
+    view = admitted.view()
     logger.info("omni-ext video %s queued (%s, %s frames, %s steps, priority %d, predicted start in %.1f s, %d ahead)",
-                job.id, job.size, facts["num_frames"], facts["steps"], facts["priority"], decision.wait_s,
-                decision.position)
-    return _video_response(state, job)
+                job.id, job.size, spec.frames, spec.steps, spec.priority, admitted.decision.wait_s, view.position)
+    # Its view is the admission's decision, made a moment ago on the same account.
+    return JSONResponse(video_object(job, view), headers={"openai-poll-after-ms": str(poll_after_ms(view.wait_s))})
 
 
 @router.post("/v1/videos/sync", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video_sync(request: Request) -> Response:
-    state, backend, vreq, ref_image, facts = await _parse_create(request)
+    state, backend, spec = await _parse_create(request)
     request_id = f"video_sync-{uuid.uuid4().hex}"
-    state.queue.admit(request_id, facts["priority"], facts["shape"])  # or 429
+    admitted = state.queue.admit(request_id, spec.priority, spec.shape)  # or 429
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))
     started = time.perf_counter()
-
-    async def on_started() -> None:
-        state.queue.mark_started(request_id)
-
     try:
-        artifacts = await run_admitted(request, state, request_id, "video", asyncio.wait_for(
-            generate(backend.handler, vreq, request_id, ref_image, on_started=on_started), timeout=timeout))
-        mp4 = await encode_mp4(backend.handler, vreq, artifacts)
+        artifacts = await run_admitted(request, admitted, "video", asyncio.wait_for(
+            generate(backend.handler, spec, request_id, admitted), timeout=timeout))
+        mp4 = await encode_mp4(backend.handler, spec.request, artifacts)
     except ClientGone:
         raise
     except asyncio.TimeoutError:
@@ -419,8 +396,10 @@ async def delete_video(request: Request, video_id: str) -> JSONResponse:
     state = get_state(request)
     job = state.find_job("video", video_id)
     task = state.tasks.get(video_id)
+    admitted = state.admitted.get(video_id)
     if job.active:
-        state.queue.cancel(video_id, "deleted")  # its capacity is free now, whatever the engine does next
+        if admitted is not None:
+            admitted.cancelled("deleted")  # its capacity is free now, whatever the engine does next
         await abort(request, video_id)
         if task is not None:
             task.cancel()

@@ -37,11 +37,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omni_ext.models import families
+from omni_ext import progress
 from omni_ext.scheduler import replicas as policy
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.cost import CostModel, remaining_s, request_shape
-from omni_ext.scheduler.order import WAITED_ARG, Ticket, request_priority
+from omni_ext.models.families import request_cost
+from omni_ext.scheduler.cost import CostModel
+from omni_ext.scheduler.order import WAITED_ARG, request_priority
+from omni_ext.scheduler.queue import Entry, JobQueue
 
 logger = logging.getLogger("omni_ext.dispatch")
 
@@ -84,6 +86,7 @@ class ReplicaDispatch:
         self.settings.pipeline = pipeline
         self.settings.config = config
         for d in self._live():
+            d.queue.config = config
             if d.cost.seed is None:
                 d.cost.seed = config.seconds_per_unit
 
@@ -98,9 +101,9 @@ class ReplicaDispatch:
         """Unix time at which an engine request of ``job_id`` (``<job id>-<hex>`` or the id itself) was
         bound to a replica, i.e. started there; None while it waits on the head or when unknown."""
         for d in self._live():
-            for rid, b in list(d.bound.items()):
-                if rid == job_id or rid.startswith(job_id + "-"):
-                    return b.wall
+            for e in d.queue.running():
+                if e.id == job_id or e.id.startswith(job_id + "-"):
+                    return e.payload.bound_wall
         return None
 
     def dispatcher_of(self, pool: Any) -> Dispatcher | None:
@@ -142,24 +145,15 @@ def orchestrator_runs(orchestrator: Any) -> None:
 
 @dataclass
 class _Pending:
+    """What the dispatch keeps of a request beside its queue entry: what it sends to the replica."""
+
     request_id: str
     request: Any
     params: Any
     submit_kwargs: dict[str, Any]
-    ticket: Ticket
-    key: str
-    units: float
     companions: list[tuple[str, Any, Any, dict[str, Any]]] = field(default_factory=list)
     resent: bool = False
-
-
-@dataclass
-class _Bound:
-    pending: _Pending
-    replica: int
-    since: float  # monotonic
-    wall: float
-    base_s: float | None  # predicted seconds before the replica's speed factor
+    bound_wall: float | None = None  # unix time it was bound to a replica (it runs there from then on)
 
 
 class Dispatcher:
@@ -168,12 +162,10 @@ class Dispatcher:
     def __init__(self, pool: Any, owner: ReplicaDispatch) -> None:
         self.pool = pool
         self.owner = owner
-        self.pending: dict[str, _Pending] = {}
-        self.bound: dict[str, _Bound] = {}
+        # Queued: waiting here; running: bound to a replica (``where``) until released.
+        self.queue: JobQueue[_Pending] = JobQueue(self.settings.config)
         self.speed: dict[int, float] = {}
         self.suspect: dict[int, float] = {}  # replica -> monotonic time its send failed
-        self.lost: set[str] = set()
-        self.cost = CostModel(self.settings.config.seconds_per_unit)
         self.timer: asyncio.TimerHandle | None = None
         self.no_replica_since: float | None = None
         self.live_seen: tuple[int, ...] = ()
@@ -208,48 +200,47 @@ class Dispatcher:
         now = time.monotonic()
         return [r for r in ids if now - self.suspect.get(r, -1e18) > SUSPECT_S]
 
+    @property
+    def cost(self) -> CostModel:
+        return self.queue.cost
+
+    def waiting(self) -> int:
+        return len(self.queue.queued())
+
     def _loads(self, live: list[int], now: float) -> list[policy.ReplicaLoad]:
         loads = {r: policy.ReplicaLoad(r, self.settings.slots_per_replica, speed=self.speed.get(r, 1.0)) for r in live}
-        for b in self.bound.values():
-            if b.replica in loads:
-                left = remaining_s(b.base_s, now - b.since) if b.base_s is not None else b.pending.units
-                loads[b.replica].running.append((left or 0.0) * loads[b.replica].speed)
+        for e in self.queue.running():
+            if e.where in loads:
+                left = self.queue.remaining(e, now)
+                loads[e.where].running.append((left if left is not None else e.units) * loads[e.where].speed)
         return list(loads.values())
 
     # ---- queue --------------------------------------------------------------------------
     def submit(self, request_id: str, request: Any, params: Any, submit_kwargs: dict[str, Any]) -> int:
         """Queue a new request and bind what can start: the replica it was bound to at once, else -1."""
         pipeline = self.settings.pipeline
-        cfg = families.needs_cfg(pipeline, request, params)
-        key, _steps = request_shape(pipeline, params, cfg)
-        units = families.cost_units(pipeline, params, cfg)
-        ticket = Ticket(request_id, request_priority(request_id, params), time.monotonic(), units)
-        self.enqueue(_Pending(request_id, request, params, submit_kwargs, ticket, key, units))
+        rc = request_cost(pipeline, request, params)
+        self.queue.submit(request_id, _Pending(request_id, request, params, submit_kwargs),
+                          priority=request_priority(request_id, params), arrival=time.monotonic(), key=rc.key, units=rc.units)
+        logger.debug("omni-ext dispatch: queued %s (%d waiting)", request_id, self.waiting())
         self.pump()
-        bound = self.bound.get(request_id)
-        return bound.replica if bound is not None else -1
-
-    def enqueue(self, p: _Pending) -> None:
-        self.pending[p.request_id] = p
-        logger.debug("omni-ext dispatch: queued %s (%d waiting)", p.request_id, len(self.pending))
+        entry = self.queue.get(request_id)
+        return entry.where if entry is not None and entry.running else -1
 
     def attach_companion(self, parent_id: str, companion: tuple[str, Any, Any, dict[str, Any]]) -> bool:
         """A CFG companion of a queued request waits with it (stock rule: it runs where its parent runs)."""
-        parent = self.pending.get(parent_id)
-        if parent is None:
+        parent = self.queue.get(parent_id)
+        if parent is None or parent.running:
             return False
-        parent.companions.append(companion)
+        parent.payload.companions.append(companion)
         return True
-
-    def _refresh(self, p: _Pending) -> Ticket:
-        return p.ticket.price(self.cost.predict_s(p.key, p.units), p.units)
 
     def pump(self) -> None:
         """Bind and send every queued request that can start now (runs on the orchestrator's loop)."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        if not self.pending:
+        if not self.waiting():
             return
         now = time.monotonic()
         live = self.live_ids()
@@ -260,24 +251,23 @@ class Dispatcher:
         if not live:
             self.no_replica_since = self.no_replica_since or now
             if now - self.no_replica_since >= NO_REPLICA_GRACE_S:
-                for p in list(self.pending.values()):
-                    self.pending.pop(p.request_id, None)
-                    self._spawn(self._fail(p, f"no live replica for {NO_REPLICA_GRACE_S:g} s"))
+                for e in self.queue.queued():
+                    self.queue.abort(e.id)
+                    self._spawn(self._fail(e.payload, f"no live replica for {NO_REPLICA_GRACE_S:g} s"))
                 return
             self._again(RETRY_INTERVAL_S)
             return
         self.no_replica_since = None
         loads = self._loads(live, now)
-        tickets = [self._refresh(p) for p in self.pending.values()]
+        tickets = [self.queue.price(e) for e in self.queue.queued()]
         hold = policy.settling(tickets, loads, now, self.settings.config.settle_s)
         if hold > 0:
             self._again(hold)
             return
         for request_id, replica in policy.plan(tickets, loads, now, self.settings.config):
-            p = self.pending.pop(request_id)
-            self._bind(p, replica, now)
-            self._spawn(self._send(p, replica))
-        if self.pending:
+            entry = self._bind(request_id, replica, now)
+            self._spawn(self._send(entry.payload, replica, entry.ticket.arrival))
+        if self.waiting():
             self._again(RETRY_INTERVAL_S)
 
     def _again(self, delay: float) -> None:
@@ -292,10 +282,11 @@ class Dispatcher:
         task.add_done_callback(lambda t: t.cancelled() or t.exception() is None
                                or logger.error("omni-ext dispatch task failed", exc_info=t.exception()))
 
-    def _bind(self, p: _Pending, replica: int, now: float) -> None:
+    def _bind(self, request_id: str, replica: int, now: float) -> Entry[_Pending]:
         pool = self.pool
-        base = self.cost.predict_s(p.key, p.units)
-        self.bound[p.request_id] = _Bound(p, replica, now, time.time(), base)
+        entry = self.queue.start(request_id, now, replica)
+        p, base = entry.payload, entry.predicted_s
+        p.bound_wall = time.time()
         ids = [p.request_id, *(c[0] for c in p.companions)]
         if pool.is_distributed:
             addr = pool._client_input_addr(pool.clients[replica])
@@ -305,13 +296,15 @@ class Dispatcher:
             for rid in ids:
                 pool._request_bindings[rid] = replica
         logger.info("omni-ext dispatch: %s -> stage-%s replica %d (priority %d, %.0f units, predicted %s, %d waiting)",
-                    p.request_id, pool.stage_id, replica, p.ticket.priority, p.units,
-                    f"{base * self.speed.get(replica, 1.0):.1f} s" if base is not None else "unknown", len(self.pending))
+                    p.request_id, pool.stage_id, replica, entry.ticket.priority, entry.units,
+                    f"{base * self.speed.get(replica, 1.0):.1f} s" if base is not None else "unknown", self.waiting())
+        progress.record_placement("bind", p.request_id, stage=pool.stage_id, replica=replica)
+        return entry
 
-    async def _send(self, p: _Pending, replica: int) -> None:
+    async def _send(self, p: _Pending, replica: int, arrival: float) -> None:
         pool = self.pool
         # The replica's executor counts the wait from the arrival here (aging; no second settle).
-        waited = max(0.0, time.monotonic() - p.ticket.arrival)
+        waited = max(0.0, time.monotonic() - arrival)
         for params in [p.params, *(c[2] for c in p.companions)]:
             params.extra_args = {**(getattr(params, "extra_args", None) or {}), WAITED_ARG: round(waited, 3)}
         try:
@@ -320,7 +313,7 @@ class Dispatcher:
             for rid, request, params, kwargs in p.companions:
                 await client.add_request_async(rid, request, params, **kwargs)
         except Exception as exc:  # EngineDeadError, StageUnavailableError, ReplicaUnreachable, zmq errors
-            self.bound.pop(p.request_id, None)
+            entry = self.queue.abort(p.request_id)
             for rid in [p.request_id, *(c[0] for c in p.companions)]:
                 pool._request_bindings.pop(rid, None)
                 pool._affinity.pop(rid, None)
@@ -329,7 +322,8 @@ class Dispatcher:
                 p.resent = True
                 logger.warning("omni-ext dispatch: sending %s to stage-%s replica %d failed (%s); it had not started, "
                                "re-sending it once to another replica", p.request_id, pool.stage_id, replica, exc)
-                self.pending = {p.request_id: p, **self.pending}
+                if entry is not None:
+                    self.queue.add(entry, front=True)
                 self.pump()
                 return
             await self._fail(p, f"sending it to replica {replica} failed twice: {exc}")
@@ -345,15 +339,18 @@ class Dispatcher:
     # ---- completions and losses -----------------------------------------------------------
     def release(self, request_id: str) -> None:
         """``release_binding``: the request finished, failed or was aborted; its slot is free."""
-        if self.pending.pop(request_id, None) is not None:
+        entry = self.queue.get(request_id)
+        if entry is None:
+            pass
+        elif not entry.running:
+            self.queue.abort(request_id)
             logger.info("omni-ext dispatch: %s left the queue before it started", request_id)
-        b = self.bound.pop(request_id, None)
-        if b is not None and request_id not in self.lost:
-            seconds = time.monotonic() - b.since
-            self.speed[b.replica] = policy.updated_speed(self.speed.get(b.replica, 1.0), b.base_s, seconds)
-            self.cost.observe(b.pending.key, b.pending.units, seconds)
-        self.lost.discard(request_id)
-        if b is not None or self.pending:
+        else:
+            learns, base, replica = entry.learns, entry.predicted_s, entry.where
+            seconds = self.queue.finish(request_id, time.monotonic())
+            if learns and seconds is not None:
+                self.speed[replica] = policy.updated_speed(self.speed.get(replica, 1.0), base, seconds)
+        if (entry is not None and entry.running) or self.waiting():
             try:
                 asyncio.get_running_loop().call_soon(self.pump)
             except RuntimeError:
@@ -362,18 +359,20 @@ class Dispatcher:
     def forget(self, request_ids: list[str]) -> None:
         """Aborted requests: out of the queue, and their times teach nothing."""
         for rid in request_ids:
-            self.pending.pop(rid, None)
-            if rid in self.bound:
-                self.lost.add(rid)
+            entry = self.queue.get(rid)
+            if entry is not None and not entry.running:
+                self.queue.abort(rid)
+            else:
+                self.queue.forget(rid)
 
     def lose_replica(self, replica: int | None) -> None:
         """A replica died or left: the jobs bound there are failed by vLLM-Omni's own clean-up and
         teach nothing; the queue goes to the others."""
         if replica is None:
             return
-        for rid, b in self.bound.items():
-            if b.replica == replica:
-                self.lost.add(rid)
+        for e in self.queue.running():
+            if e.where == replica:
+                self.queue.forget(e.id)
         self.speed.pop(replica, None)
 
     def lose_address(self, input_addr: str) -> None:

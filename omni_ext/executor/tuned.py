@@ -21,13 +21,11 @@ workers create. ``data_parallel_size`` is the stage's (patch ``dp-world``) or
 
 Pipes and futures. ``execute_batch`` does not block the engine: it queues each scheduled request as
 a job and returns at once with an ``async_output_id``; the engine waits on ``wait_output_ready``'s
-future outside its busy loop, so it schedules the next request at once. Under one lock, each change
-to the queue or to the free ranks (a submit, an answer, a cancel, the settle timer) asks placement
-what starts now, marks it started for the API process (:func:`omni_ext.progress.mark_started`) and
-sends it to its ranks' pipes (:mod:`omni_ext.executor.protocol`). One reader thread per rank takes
-the answers: a rank is free again as soon as it answers, and a request is answered as soon as the
-rank holding its output answers (for Qwen-Image CFG rank 1 skips the VAE decode and is free early).
-A cancel reaches a running rank through shared memory (:mod:`omni_ext.executor.role`), not the pipe.
+future outside its busy loop, so it schedules the next request at once. What happens to a job
+between the two, which job starts where and when, is the executor's :class:`RankQueue`
+(:mod:`omni_ext.executor.ranks`); this class gives it the ranks' pipes (:mod:`omni_ext.executor.protocol`)
+and one reader thread per rank that hands it their answers. A cancel reaches a running rank through
+shared memory (:mod:`omni_ext.executor.role`), not the pipe.
 
 Failure. A monitor thread waits on the worker processes' sentinels: when one dies, every request
 queued or running fails at once with an error naming the worker, the signal and the request, the
@@ -40,7 +38,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -48,7 +45,6 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.v1.engine.exceptions import EngineDeadError
@@ -56,24 +52,17 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.executor.abstract import DiffusionExecutor
 
-from omni_ext import progress
 from omni_ext.executor import ascend, protocol
+from omni_ext.executor.ranks import Job, RankQueue, resolve
 from omni_ext.executor.role import new_board
 from omni_ext.models import families
 from omni_ext.platform import devices
-from omni_ext.scheduler import cost, placement
+from omni_ext.scheduler import layout, placement
 from omni_ext.scheduler.config import CfgMode, omni_ext_section, scheduler_config
-from omni_ext.scheduler.order import Ticket, request_priority, request_waited_s, sort_key
-from omni_ext.scheduler.placement import JobMode, JobNeeds
 
 logger = logging.getLogger("omni_ext.executor")
 
 _READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800"))
-#: vLLM-Omni's start-up warm-up request ids start with this
-#: (``vllm_omni.diffusion.request.DUMMY_DIFFUSION_REQUEST_ID`` in 0.30).
-DUMMY_REQUEST_PREFIX = "dummy_req_id"
-#: The warm-up's priority: it is the only job at start-up, and it stays ahead of anything queued meanwhile.
-WARM_UP_PRIORITY = -(10**6)
 
 
 @contextlib.contextmanager
@@ -90,37 +79,6 @@ def _environ(extra: dict[str, str]):
                 os.environ[k] = v
 
 
-@dataclass
-class _Job:
-    job_id: str
-    request_id: str
-    req: Any
-    needs: JobNeeds  # mode and expected cost, what placement reads
-    ticket: Ticket  # priority, arrival and predicted cost, what ordering reads
-    shape: str = ""  # its shape class (cost.shape_key); measurements are kept per shape and mode
-    steps: int = 0  # denoise steps, for the start marker
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    ranks: tuple[int, ...] = ()
-    mode: JobMode | None = None  # how its ranks run it, once started
-    answered: set[int] = field(default_factory=set)
-    started: float | None = None
-    deadline: float | None = None
-    longest_s: float = 0.0
-    dropped: bool = False
-    first_out: Any = None
-    seq: int = 0  # written into the ranks' cancel slots to stop the job while it runs
-
-    @property
-    def all_ranks(self) -> bool:
-        """The warm-up of a tuned model: runs once on every rank and answers when all are done."""
-        return self.needs.mode is JobMode.ALL_RANKS
-
-    @property
-    def warm_up(self) -> bool:
-        """vLLM-Omni's start-up request (resized here on a CPU host, and pays first-call costs)."""
-        return self.request_id.startswith(DUMMY_REQUEST_PREFIX)
-
-
 class TunedExecutor(DiffusionExecutor):
     uses_multiproc: bool = True
 
@@ -130,24 +88,17 @@ class TunedExecutor(DiffusionExecutor):
 
         cfg = self.od_config
         pc = cfg.parallel_config
-        if getattr(cfg, "step_execution", False):
-            raise ValueError("omni-ext TunedExecutor runs whole requests; drop --step-execution / streaming output.")
-        for name in ("tensor_parallel_size", "sequence_parallel_size", "pipeline_parallel_size"):
-            if int(getattr(pc, name, 1) or 1) != 1:
-                raise ValueError(f"omni-ext TunedExecutor supports CFG and data parallel only ({name}={getattr(pc, name)}).")
-        if getattr(pc, "use_hsdp", False):
-            raise ValueError("omni-ext TunedExecutor does not support HSDP.")
-        if int(getattr(pc, "vae_patch_parallel_size", 1) or 1) > 1:
-            # vLLM-Omni's VAE patch parallel runs collectives over the whole worker world, which
-            # cannot work while ranks run different requests (data parallel, single-rank jobs).
-            raise ValueError(
-                f"omni-ext TunedExecutor: drop --vae-patch-parallel-size {pc.vae_patch_parallel_size}; the TunedExecutor "
-                "splits the Wan VAE decode (tiled or not) between the two ranks of a CFG pair itself "
-                "(omni_ext/executor/vae_pipeline.py), or serve with vLLM-Omni's executor to use its VAE patch parallel."
-            )
+        refusal = layout.tuned_refusal(layout.Parallel(
+            cfg=int(pc.cfg_parallel_size or 1), tp=int(getattr(pc, "tensor_parallel_size", 1) or 1),
+            # sequence_parallel_size = ulysses x ring (or vLLM-Omni's allgather degree)
+            ulysses=max(1, int(getattr(pc, "sequence_parallel_size", 1) or 1) // int(getattr(pc, "ring_degree", 1) or 1)),
+            ring=int(getattr(pc, "ring_degree", 1) or 1),
+            pp=int(getattr(pc, "pipeline_parallel_size", 1) or 1),
+            vae_patch=int(getattr(pc, "vae_patch_parallel_size", 1) or 1), hsdp=bool(getattr(pc, "use_hsdp", False)),
+            step_execution=bool(getattr(cfg, "step_execution", False))))
+        if refusal is not None:
+            raise ValueError(refusal.message())
         self.cfg_size = int(pc.cfg_parallel_size or 1)
-        if self.cfg_size not in (1, 2):
-            raise ValueError(f"omni-ext TunedExecutor supports cfg_parallel_size 1 or 2, got {self.cfg_size}.")
         additional = getattr(cfg, "additional_config", None)
         try:
             self.sched = scheduler_config(additional)
@@ -194,8 +145,17 @@ class TunedExecutor(DiffusionExecutor):
             raise RuntimeError(f"omni-ext TunedExecutor: platform {device_type} uses {backend!r}, expected {expected!r}.")
         self.worker_env = worker_env
 
-        self._init_state()
+        self._closed = False
+        self._failed = False
+        self._failure: str | None = None
+        self._callbacks: list = []
+        self._rpc_replies: dict[str, dict[int, tuple[bool, Any]]] = {}
         self._launch_workers()
+        self.ranks = RankQueue(
+            self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
+            send=self._post, cancel_slots=self._cancel_slots, small_warmup=device_type == "cpu",
+        )
+        self._lock = self.ranks.lock
         self._threads = [
             threading.Thread(target=self._reader, args=(r,), daemon=True, name=f"omni-ext-reader-{r}")
             for r in range(world)
@@ -211,22 +171,6 @@ class TunedExecutor(DiffusionExecutor):
             "" if self.cfg_mode == self.sched.cfg_mode else f" (configured {self.sched.cfg_mode}: no tuned pipeline)",
             f", worker env {worker_env}" if worker_env else "",
         )
-
-    def _init_state(self) -> None:
-        """The queue, rank and cost state (needs ``world``, ``layout``, ``sched`` and ``cfg_mode``)."""
-        self._lock = threading.Condition(threading.RLock())
-        self._closed = False
-        self._failed = False
-        self._failure: str | None = None
-        self._callbacks: list = []
-        self._pending: list[_Job] = []  # ordered at each dispatch (omni_ext.scheduler.order)
-        self._running: dict[str, _Job] = {}
-        self._outputs: dict[str, _Job] = {}
-        self._busy: dict[int, str | None] = {r: None for r in range(self.world)}
-        self._ids = itertools.count(1)
-        self.costs = cost.CostModel(self.sched.seconds_per_unit)
-        self._rpc_barrier = 0
-        self._rpc_replies: dict[str, dict[int, tuple[bool, Any]]] = {}
 
     def _launch_workers(self) -> None:
         from vllm.v1.executor.multiproc_executor import set_multiprocessing_worker_envs
@@ -300,7 +244,7 @@ class TunedExecutor(DiffusionExecutor):
         self._ensure_alive()
         outs = []
         for new_req in scheduler_output.scheduled_new_reqs:
-            job = self._submit(new_req.request_id, new_req.req)
+            job = self.ranks.submit(new_req.request_id, new_req.req)
             outs.append(
                 RunnerOutput(
                     request_id=new_req.request_id, step_index=None, finished=True, result=None, async_output_id=job.job_id
@@ -312,8 +256,7 @@ class TunedExecutor(DiffusionExecutor):
         raise NotImplementedError("omni-ext TunedExecutor does not support step execution")
 
     def wait_output_ready(self, async_output_id: str) -> concurrent.futures.Future:
-        with self._lock:
-            job = self._outputs.pop(async_output_id, None)
+        job = self.ranks.take_output(async_output_id)
         if job is None:
             fut: concurrent.futures.Future = concurrent.futures.Future()
             fut.set_result(DiffusionOutput(error=f"omni-ext: unknown or already collected output {async_output_id}"))
@@ -321,11 +264,7 @@ class TunedExecutor(DiffusionExecutor):
         return job.future
 
     def drop_output(self, async_output_id: str) -> None:
-        with self._lock:
-            job = self._outputs.pop(async_output_id, None)
-            if job is not None:
-                self._cancel_locked(job)
-                self._dispatch_locked()
+        self.ranks.drop_output(async_output_id)
 
     def abort_requests(self, request_ids) -> None:
         """Stop these requests, queued or running (called by the ``executor-abort-hook`` patch when
@@ -333,35 +272,10 @@ class TunedExecutor(DiffusionExecutor):
 
         vLLM-Omni's engine hands a request to an async executor and forgets it; its own abort then
         never reaches the executor, and the request would run to the end."""
-        ids = set(request_ids)
-        with self._lock:
-            for job in [*self._pending, *self._running.values()]:
-                if job.request_id in ids:
-                    self._cancel_locked(job)
-            self._dispatch_locked()
-
-    def _cancel_locked(self, job: _Job) -> None:
-        """Cancel a job (under the lock). A queued one leaves the queue, and with it the ordering,
-        at once (the caller dispatches next: jobs it held back may start now)."""
-        if job.dropped:
-            return
-        job.dropped = True
-        if job in self._pending:
-            self._pending.remove(job)
-            self._resolve(job, DiffusionOutput(aborted=True, abort_message=f"Request {job.request_id} aborted."))
-            logger.info("omni-ext: cancelled queued request %s", job.request_id)
-        elif job.job_id in self._running and not job.all_ranks:
-            # Running: its rank(s) stop at the next denoise step and are free for the next job.
-            for r in job.ranks:
-                self._cancel_slots[r] = job.seq
-            logger.info("omni-ext: cancelling running request %s on rank(s) %s", job.request_id, list(job.ranks))
+        self.ranks.abort(request_ids)
 
     def describe_pending_state(self, async_output_id: str | None = None) -> str:
-        with self._lock:
-            return (
-                f"async_output_id={async_output_id} pending={[j.request_id for j in self._pending]} "
-                f"running={[(j.request_id, j.ranks) for j in self._running.values()]} busy={self._busy}"
-            )
+        return f"async_output_id={async_output_id} {self.ranks.describe()}"
 
     def check_health(self) -> None:
         self._ensure_alive()
@@ -384,11 +298,12 @@ class TunedExecutor(DiffusionExecutor):
         self._ensure_alive()
         deadline = None if timeout is None else time.monotonic() + timeout
         ranks = list(range(self.world)) if (unique_reply_rank is None or exec_all_ranks) else [unique_reply_rank]
-        rpc_id = f"rpc-{next(self._ids)}"
+        rpc_id = f"rpc-{self.ranks.next_id()}"
+        rq = self.ranks
         with self._lock:
-            self._rpc_barrier += 1
+            rq.hold += 1
             try:
-                while self._running or any(v is not None for v in self._busy.values()):
+                while not rq.idle():
                     self._ensure_alive()
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
@@ -396,7 +311,7 @@ class TunedExecutor(DiffusionExecutor):
                     self._lock.wait(timeout=0.5 if left is None else min(0.5, left))
                 self._rpc_replies[rpc_id] = {}
                 for r in ranks:
-                    self._busy[r] = rpc_id
+                    rq.busy[r] = rpc_id
                     self._post(r, protocol.CallRpc(rpc_id, method, args, kwargs or {}))
                 while len(self._rpc_replies[rpc_id]) < len(ranks):
                     self._ensure_alive()
@@ -406,8 +321,8 @@ class TunedExecutor(DiffusionExecutor):
                     self._lock.wait(timeout=0.5 if left is None else min(0.5, left))
                 replies = self._rpc_replies.pop(rpc_id)
             finally:
-                self._rpc_barrier -= 1
-                self._dispatch_locked()
+                rq.hold -= 1
+                rq.dispatch()
         failed = {r: v for r, (ok, v) in replies.items() if not ok}
         if failed:
             raise RuntimeError(f"RPC '{method}' failed on worker rank(s): {failed}")
@@ -420,11 +335,8 @@ class TunedExecutor(DiffusionExecutor):
             if self._closed:
                 return
             self._closed = True
-            jobs = list(self._pending) + list(self._running.values())
-            self._pending.clear()
-            self._running.clear()
-        for job in jobs:
-            self._resolve(job, DiffusionOutput(error="omni-ext TunedExecutor shut down"))
+        for job in self.ranks.drain():
+            resolve(job, DiffusionOutput(error="omni-ext TunedExecutor shut down"))
         for rank in range(self.world):
             with contextlib.suppress(Exception):
                 self._post(rank, protocol.Shutdown())
@@ -441,178 +353,9 @@ class TunedExecutor(DiffusionExecutor):
             with contextlib.suppress(Exception):
                 conn.close()
 
-    # ------------------------------------------------------------------ jobs
-    def _submit(self, request_id: str, req: Any) -> _Job:
-        sp = getattr(req, "sampling_params", None)
-        cfg = not self._tuned_model or families.needs_cfg(self.model_arch, getattr(req, "prompt", None), sp)
-        # Warm every worker with vLLM-Omni's start-up request (tuned models: it runs CFG-free).
-        warm_up = request_id.startswith(DUMMY_REQUEST_PREFIX)
-        mode = JobMode.for_request(needs_cfg=cfg, group_size=self.cfg_size, warm_up=warm_up and self._tuned_model)
-        seq = next(self._ids)
-        arrival = time.monotonic() - request_waited_s(sp)  # a job bound by the head waited there first
-        shape, steps = cost.request_shape(self.model_arch, sp, cfg)
-        job = _Job(
-            job_id=f"omx-{seq}",
-            seq=seq,
-            request_id=request_id,
-            req=req,
-            needs=JobNeeds(mode, families.cost_units(self.model_arch, sp, cfg), arrival=arrival),
-            ticket=Ticket(f"omx-{seq}", WARM_UP_PRIORITY if warm_up else request_priority(request_id, sp), arrival=arrival),
-            shape=shape,
-            steps=steps,
-        )
-        if job.all_ranks and self.device_type == "cpu":
-            job.req = self._small_warmup(req)
-        with self._lock:
-            self._ensure_alive()
-            self._outputs[job.job_id] = job
-            self._pending.append(job)
-            self._dispatch_locked()
-            if job in self._pending and self.sched.settle_s > 0:
-                self._dispatch_after(self.sched.settle_s)  # a settle hold (placement rule 5) ends then
-            if job in self._pending:
-                logger.info(
-                    "omni-ext: queued request %s (priority %d, %d waiting)",
-                    request_id, job.ticket.priority, len(self._pending),
-                )
-        return job
-
-    def _cost_key(self, job: _Job, mode: JobMode) -> str:
-        """Measurements are kept per shape class AND per mode the ranks ran it in: a CFG job on a
-        pair takes well under the time of the same job on one rank (half at best)."""
-        return f"{job.shape}:{mode.rank_mode.value}"
-
-    def _predicted_s(self, job: _Job) -> float | None:
-        """Predicted seconds of a queued job. One that may run on a pair or on one rank (cfg_mode
-        "adaptive") is predicted as on one rank when that was measured: an upper bound, and the mode
-        it runs in whenever others wait, which is when the prediction matters."""
-        if job.needs.mode is JobMode.PAIR and self.cfg_mode != CfgMode.PAIR:
-            modes = (JobMode.SINGLE, JobMode.PAIR) if self.cfg_mode == CfgMode.ADAPTIVE else (JobMode.SINGLE,)
-        else:
-            modes = (job.needs.mode,)
-        known = [key for key in (self._cost_key(job, m) for m in modes) if key in self.costs.by_shape]
-        return self.costs.predict_s(known[0] if known else None, job.needs.units)
-
-    def _ordered_pending(self) -> list[_Job]:
-        """The queue in the scheduler's order (:func:`omni_ext.scheduler.order.sort_key`), each ticket's
-        cost refreshed from the cost model, so that all share one measure: predicted seconds once the
-        server knows any rate (measured or seeded), else cost units."""
-        now = time.monotonic()
-        for job in self._pending:
-            job.ticket.price(self._predicted_s(job), job.needs.units)
-        return sorted(self._pending, key=lambda j: sort_key(j.ticket, now, self.sched))
-
-    @staticmethod
-    def _small_warmup(req: Any) -> Any:
-        """vLLM-Omni warms up at 512x512; on a CPU host every worker would spend a minute on it.
-        There the warm-up runs at ``OMNI_EXT_CPU_WARMUP_SIZE`` (default 64) pixels a side."""
-        import copy
-
-        side = int(os.environ.get("OMNI_EXT_CPU_WARMUP_SIZE", "64"))
-        req = copy.copy(req)
-        req.sampling_params = copy.deepcopy(req.sampling_params)
-        sp = req.sampling_params
-        sp.height = min(sp.height or side, side)
-        sp.width = min(sp.width or side, side)
-        return req
-
-    def _free_ranks(self) -> list[int]:
-        return [r for r, v in self._busy.items() if v is None]
-
-    def _dispatch_after(self, seconds: float) -> None:
-        def again() -> None:
-            with self._lock:
-                self._dispatch_locked()
-
-        timer = threading.Timer(seconds + 0.001, again)
-        timer.daemon = True
-        timer.start()
-
-    def _dispatch_locked(self) -> None:
-        """Start what the order and placement rules allow now (under the lock; nothing while an RPC waits)."""
-        if self._failed or self._closed or not self._pending:
-            return
-        starts = placement.next_placements(
-            self._ordered_pending(), self._free_ranks(), self.layout, hold=bool(self._rpc_barrier),
-            cfg_mode=self.cfg_mode, now=time.monotonic(), settle_s=self.sched.settle_s,
-        )
-        for start in starts:
-            self._pending.remove(start.job)
-            self._start_locked(start.job, start.ranks, start.mode)
-
-    def _start_locked(self, job: _Job, ranks: tuple[int, ...], mode: JobMode) -> None:
-        job.ranks, job.mode = ranks, mode
-        job.started = time.monotonic()
-        key = self._cost_key(job, mode)
-        predicted = None if job.warm_up else self.costs.predict_s(key, job.needs.units)
-        # The warm-up pays first-call costs (compilation): only a fixed limit applies to it.
-        limit = cost.job_time_limit_s(job.needs.units, None if job.warm_up else self.costs.rate(key))
-        if not job.warm_up:
-            # Tell the API process the job runs now. Before the ranks get it, so that the lead
-            # rank's step reports (same file) always come after this.
-            progress.mark_started([job.request_id], job.steps, mode.value)
-        job.deadline = None if limit is None else job.started + limit
-        self._running[job.job_id] = job
-        for r in ranks:
-            self._busy[r] = job.job_id
-        for r in ranks:
-            try:
-                self._post(r, protocol.RunJob(job.job_id, job.req, mode, self.cfg_size, job.seq))
-            except Exception as exc:  # a dead pipe: the monitor reports the death
-                logger.error("omni-ext: could not send request %s to worker %d: %s", job.request_id, r, exc)
-        logger.info(
-            "omni-ext: start request %s on rank(s) %s (%s), waited %.2f s%s%s%s",
-            job.request_id, list(ranks), "warm-up" if job.all_ranks else mode.value, job.started - job.ticket.arrival,
-            "" if job.warm_up else f", priority {job.ticket.priority}",
-            f", predicted {predicted:.1f} s" if predicted is not None else "",
-            f", time limit {limit:.0f} s" if limit is not None else "",
-        )
-
     def _post(self, rank: int, msg: protocol.Message) -> None:
         with self._send_locks[rank]:
             protocol.send(self._conns[rank], msg)
-
-    def _resolve(self, job: _Job, out: DiffusionOutput) -> None:
-        if not job.future.done():
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                job.future.set_result(out)
-
-    def _on_done(self, rank: int, done: protocol.JobDone) -> None:
-        job_id, out, owner = done.job_id, done.out, done.owner
-        with self._lock:
-            if self._busy.get(rank) == job_id:
-                self._busy[rank] = None
-            job = self._running.get(job_id)
-            if job is None:
-                self._dispatch_locked()
-                self._lock.notify_all()
-                return
-            job.answered.add(rank)
-            job.longest_s = max(job.longest_s, done.seconds)
-            is_error = isinstance(out, DiffusionOutput) and bool(getattr(out, "error", None))
-            if job.all_ranks:
-                if rank == job.ranks[0] or is_error:
-                    job.first_out = out  # the warm-up answers once every rank is done
-            elif ((owner and out is not None) or is_error) and not job.dropped:
-                self._resolve(job, out)  # answer now, even if the partner rank is still finishing
-            if len(job.answered) == len(job.ranks):
-                del self._running[job_id]
-                logger.info(
-                    "omni-ext: done request %s on rank(s) %s in %.2f s%s",
-                    job.request_id, list(job.ranks), job.longest_s, " (error)" if is_error else "",
-                )
-                if job.all_ranks:
-                    self._resolve(job, job.first_out if job.first_out is not None else out)
-                elif job.dropped:
-                    self._resolve(job, DiffusionOutput(aborted=True, abort_message=f"Request {job.request_id} aborted."))
-                elif not job.future.done():
-                    self._resolve(job, DiffusionOutput(error=f"omni-ext: no rank returned an output for {job.request_id}"))
-                # Learn from complete runs only (a warm-up is resized and pays first-call costs; a
-                # cancelled job stopped early), in the mode the job really ran in.
-                if not is_error and not job.warm_up and not job.dropped:
-                    self.costs.observe(self._cost_key(job, job.mode), job.needs.units, job.longest_s)
-            self._dispatch_locked()
-            self._lock.notify_all()
 
     # ------------------------------------------------------------------ threads
     def _reader(self, rank: int) -> None:
@@ -626,28 +369,14 @@ class TunedExecutor(DiffusionExecutor):
                 logger.exception("omni-ext: bad message from worker %d", rank)
                 continue
             if isinstance(msg, protocol.JobDone):
-                self._on_done(rank, self._received(rank, msg))
+                self.ranks.answer(rank, msg)
             elif isinstance(msg, protocol.RpcResult):
                 self._on_rpc_result(rank, msg)
 
-    @staticmethod
-    def _received(rank: int, done: protocol.JobDone) -> protocol.JobDone:
-        """The output of a job as host tensors: copied out of the shared memory the worker put it in
-        (:mod:`omni_ext.executor.protocol`), and the segments unlinked, here in this rank's reader
-        thread (not under the executor's lock) and for every answer, also one that ``_on_done`` will
-        discard (a cancelled job, a shut-down executor), so that nothing is left in ``/dev/shm``."""
-        try:
-            protocol.output_from_shared_memory(done.out)
-        except Exception as exc:
-            logger.exception("omni-ext: the output of %s from worker %d could not be read", done.job_id, rank)
-            out = DiffusionOutput(error=f"omni-ext: the output from worker {rank} could not be read: {exc}")
-            return protocol.JobDone(done.job_id, rank, out, True, done.seconds)
-        return done
-
     def _on_rpc_result(self, rank: int, reply: protocol.RpcResult) -> None:
         with self._lock:
-            if self._busy.get(rank) == reply.rpc_id:
-                self._busy[rank] = None
+            if self.ranks.busy.get(rank) == reply.rpc_id:
+                self.ranks.busy[rank] = None
             if reply.rpc_id in self._rpc_replies:
                 self._rpc_replies[reply.rpc_id][rank] = (reply.ok, reply.result)
             self._lock.notify_all()
@@ -666,8 +395,7 @@ class TunedExecutor(DiffusionExecutor):
         while not (self._closed or self._failed):
             time.sleep(1.0)
             now = time.monotonic()
-            with self._lock:
-                late = [j for j in self._running.values() if j.deadline is not None and now > j.deadline]
+            late = self.ranks.late(now)
             if late:
                 job = late[0]
                 self._fail(
@@ -691,8 +419,7 @@ class TunedExecutor(DiffusionExecutor):
             else:
                 how = f"exit code {code}"
             details.append(f"{p.name} (rank {r}, pid {p.pid}) died with {how}")
-        with self._lock:
-            victims = [j for j in self._running.values() if set(j.ranks) & set(ranks)]
+        victims = self.ranks.on_ranks(ranks)
         what = "; ".join(details)
         culprit = victims[0] if victims else None
         self._fail(
@@ -702,20 +429,16 @@ class TunedExecutor(DiffusionExecutor):
             culprit=culprit,
         )
 
-    def _fail(self, reason: str, culprit: _Job | None = None) -> None:
+    def _fail(self, reason: str, culprit: Job | None = None) -> None:
         with self._lock:
             if self._failed or self._closed:
                 return
             self._failed = True
             self._failure = reason
-            jobs = list(self._running.values()) + list(self._pending)
-            self._running.clear()
-            self._pending.clear()
-            self._lock.notify_all()
         logger.error("%s", reason)
-        for job in jobs:
+        for job in self.ranks.drain():
             msg = reason if job is culprit else f"{reason} (request {job.request_id} was queued or running)"
-            self._resolve(job, DiffusionOutput(error=msg))
+            resolve(job, DiffusionOutput(error=msg))
         self._kill_workers()
         for cb in self._callbacks:
             try:

@@ -100,6 +100,31 @@ class ModelFamily:
         return float(self.latent_tokens(w, h, frames) * (steps * (2 if cfg else 1) + self.decode_units))
 
 
+@dataclass(frozen=True)
+class SamplingFields:
+    """The sampling fields this table's rules read (:meth:`ModelFamily.shape_of`, :func:`needs_cfg`,
+    :func:`cost_units`), under the attribute names of vLLM-Omni's ``OmniDiffusionSamplingParams``:
+    what the API process knows of a request before the engine builds those (the executor passes the
+    engine's own). A guidance scale counts as provided when it is set, as vLLM-Omni's request
+    models mark it."""
+
+    num_inference_steps: int | None = None
+    width: int | None = None
+    height: int | None = None
+    num_frames: int | None = None
+    guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    true_cfg_scale: float | None = None
+
+    @property
+    def guidance_scale_provided(self) -> bool:
+        return self.guidance_scale is not None
+
+    @property
+    def guidance_scale_2_provided(self) -> bool:
+        return self.guidance_scale_2 is not None
+
+
 _WAN_NATIVE = NativeShape(width=832, height=480, num_frames=81, fps=16, steps=50)
 
 #: The table. Order matters only for readability.
@@ -244,3 +269,49 @@ def tuned_pipelines() -> dict[str, str]:
 def cancellable_classes() -> tuple[str, ...]:
     """vLLM-Omni classes (``module:Class``) to opt into cooperative cancellation."""
     return tuple(dict.fromkeys(f.vllm_omni_class for f in FAMILIES if f.cancellable and f.vllm_omni_class))
+
+
+# ---- what a request costs, as every queue classes it ------------------------------------------
+def shape_key(family: str | None, width: int | None, height: int | None, frames: int | None, cfg: bool) -> str:
+    """The shape class a measured rate is kept for: family, size, length and CFG (steps scale the
+    cost linearly and are already in the units, so they do not split classes)."""
+    return f"{family or '?'}:{width or 0}x{height or 0}x{frames or 1}:{'cfg' if cfg else 'nocfg'}"
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What a request costs as its pipeline runs it: its shape class (:func:`shape_key`), its work
+    in cost units (:func:`cost_units`), whether it runs CFG and its denoise steps."""
+
+    key: str
+    units: float
+    cfg: bool = False
+    steps: int = 0
+
+
+def request_cost(pipeline: str | None, prompt: Any, sp: Any, cfg: bool | None = None, n: int = 1) -> JobShape:
+    """The :class:`JobShape` of a request (``prompt``, sampling params ``sp``: the engine's, or
+    :class:`SamplingFields`): unset fields take the family's native values (a model without a
+    family entry is sized like the first family, and is one frame unless it is a video model);
+    ``cfg`` decided by the caller, else by the pipeline's own rule (:func:`needs_cfg`); ``n``
+    outputs cost ``n`` times one. The API's account, the head's dispatch and the TunedExecutor all
+    class requests with this."""
+    if cfg is None:
+        cfg = needs_cfg(pipeline, prompt, sp)
+    family = family_of(pipeline)
+    width, height, frames, steps = (family or FAMILIES[0]).shape_of(sp)
+    if family is None and not is_video(pipeline):
+        frames = 1
+    key = shape_key(family.name if family else pipeline, width, height, frames, cfg)
+    return JobShape(key, cost_units(pipeline, sp, cfg) * max(1, n), cfg, steps)
+
+
+def job_shape(
+    pipeline: str | None, *, width: int | None, height: int | None, frames: int | None = None, steps: int | None = None,
+    n: int = 1, negative_prompt: str | None = None, guidance_scale: float | None = None,
+    guidance_scale_2: float | None = None, true_cfg_scale: float | None = None,
+) -> JobShape:
+    """:func:`request_cost` of an API request's fields, before the engine builds its sampling params."""
+    sp = SamplingFields(num_inference_steps=steps, width=width, height=height, num_frames=frames,
+                        guidance_scale=guidance_scale, guidance_scale_2=guidance_scale_2, true_cfg_scale=true_cfg_scale)
+    return request_cost(pipeline, {"negative_prompt": negative_prompt}, sp, n=n)

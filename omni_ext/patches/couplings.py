@@ -204,7 +204,7 @@ COUPLINGS: tuple[Coupling, ...] = (
             "TunedExecutor recognises vLLM-Omni's start-up warm-up request by this request-id prefix and runs "
             "it on every worker (at 64 px on a CPU host). A new id would warm one worker only, and at full size."
         ),
-        used_in="omni_ext.executor.tuned",
+        used_in="omni_ext.scheduler.queue",
         value="dummy_req_id",
         token='"dummy_req_id"',
     ),
@@ -212,7 +212,7 @@ COUPLINGS: tuple[Coupling, ...] = (
         name="vllm_omni.diffusion.diffusion_engine:DiffusionEngine._make_dummy_request",
         kind="call",
         why="The warm-up request the engine sends at start-up still carries DUMMY_DIFFUSION_REQUEST_ID (see above).",
-        used_in="omni_ext.executor.tuned",
+        used_in="omni_ext.scheduler.queue",
         value="request_id=DUMMY_DIFFUSION_REQUEST_ID",
         token='"dummy_req_id"',
     ),

@@ -17,6 +17,7 @@ from omni_ext.api.forms import parse_size as parse_request_size
 from omni_ext.models.families import needs_cfg
 from omni_ext.presets.catalog import Preset, PresetError
 from omni_ext.presets.costs import CostTable, ModelSpec, Topology, load_cost_table
+from omni_ext.scheduler import layout
 
 
 def parse_size(size: Any) -> tuple[int, int]:
@@ -74,9 +75,8 @@ def requests_use_cfg(preset: Preset, costs: CostTable) -> bool:
 def tuned_executor_refusal(preset: Preset, costs: CostTable | None = None) -> str | None:
     """Why omni-ext's TunedExecutor does not apply to ``preset`` (None: it does, and the preset should select it).
 
-    The refusals of ``TunedExecutor._init_executor`` (``omni_ext/executor/tuned.py``: CFG 1 or 2 and
-    data parallel only; no tensor, sequence or pipeline parallel; no step execution), kept here as
-    pure rules so a preset is checked without vLLM, plus the family table's ``tuned_class``: only
+    The executor's own refusals (:func:`omni_ext.scheduler.layout.tuned_refusal`), plus the family
+    table's ``tuned_class``: only
     families with omni-ext's tuned pipeline (Wan2.1/2.2 T2V, Qwen-Image) gain from it. A preset
     that selected it where it refuses would not start at all.
     """
@@ -89,16 +89,7 @@ def tuned_refusal(spec: ModelSpec, topo: Topology, engine: dict[str, Any] | None
     family = spec.family
     if family is None or family.tuned_class is None:
         return f"{spec.label} has no omni-ext tuned pipeline (omni_ext/models/families.py tuned_class)"
-    if topo.tp > 1:
-        return (f"it refuses tensor parallel (tensor_parallel_size={topo.tp}; CFG and data parallel only, "
-                "omni_ext/executor/tuned.py), so vLLM-Omni's own executor runs this preset")
-    if topo.ulysses * topo.ring > 1:
-        return (f"it refuses sequence parallel (Ulysses {topo.ulysses} x Ring {topo.ring}; CFG and data parallel only, "
-                "omni_ext/executor/tuned.py), so vLLM-Omni's own executor runs this preset")
-    if topo.cfg > 2:
-        return f"it runs cfg_parallel_size 1 or 2, not {topo.cfg}"
-    if topo.vae_patch > 1:
-        return "its worker groups are CFG and data-parallel groups only, without VAE patch parallel"
-    if (engine or {}).get("step_execution"):
-        return "it runs whole requests and refuses step execution"
-    return None
+    refusal = layout.tuned_refusal(layout.Parallel(
+        cfg=topo.cfg, tp=topo.tp, ulysses=topo.ulysses, ring=topo.ring, vae_patch=topo.vae_patch,
+        step_execution=bool((engine or {}).get("step_execution"))))
+    return None if refusal is None else refusal.reason

@@ -1,11 +1,16 @@
 """omni-ext's request scheduling decisions, as pure code (no vLLM or vLLM-Omni import).
 
-Three mechanisms act on these decisions: the TunedExecutor (:mod:`omni_ext.executor.tuned`: worker
-processes, pipes, locks and futures inside a replica), the API process's account of admitted jobs
+Three mechanisms act on these decisions: the TunedExecutor (:mod:`omni_ext.executor.ranks`: its
+queue over the worker ranks inside a replica), the API process's account of admitted jobs
 (:mod:`omni_ext.api.queue`) and the dispatch in front of several replicas
-(:mod:`omni_ext.dispatch.replicas`). What they decide lives here, so that every rule can be
-unit-tested on plain data and the scheduler can grow without touching a mechanism:
+(:mod:`omni_ext.dispatch.replicas`). Each owns one :class:`~omni_ext.scheduler.queue.JobQueue`.
+What they decide lives here, so that every rule can be unit-tested on plain data and the scheduler
+can grow without touching a mechanism:
 
+- :mod:`omni_ext.scheduler.queue`: the one queue state machine (submit, start, finish, abort;
+  pricing, order, remaining time, predicted starts);
+- :mod:`omni_ext.scheduler.layout`: the layouts the TunedExecutor runs or refuses, and the jobs a
+  server's layout runs at once (slots);
 - :mod:`omni_ext.scheduler.config`: the options (``--additional-config '{"omni_ext": {"scheduler": ...}}'``),
   ``cfg_mode`` among them (:class:`~omni_ext.scheduler.config.CfgMode`);
 - :mod:`omni_ext.scheduler.cost`: what a job is expected to cost in time (learned online), what is

@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
 
-from omni_ext.models import families
 
 #: Weight of the newest measurement in the running average of seconds per unit.
 RATE_WEIGHT = 0.3
@@ -43,24 +41,6 @@ def job_time_limit_s(units: float, sec_per_unit: float | None, environ: Mapping[
     factor = float(env.get("OMNI_EXT_JOB_TIMEOUT_FACTOR", "10"))
     floor = float(env.get("OMNI_EXT_JOB_TIMEOUT_MIN_S", "120"))
     return max(floor, factor * units * sec_per_unit)
-
-
-def shape_key(family: str | None, width: int | None, height: int | None, frames: int | None, cfg: bool) -> str:
-    """The shape class a measured rate is kept for: family, size, length and CFG (steps scale the
-    cost linearly and are already in the units, so they do not split classes)."""
-    return f"{family or '?'}:{width or 0}x{height or 0}x{frames or 1}:{'cfg' if cfg else 'nocfg'}"
-
-
-def request_shape(pipeline: str | None, sp: Any, cfg: bool) -> tuple[str, int]:
-    """(shape class, denoise steps) of a request as its pipeline runs it (unset fields take the
-    family's native values; a model without a family entry is sized like the first family, as
-    :func:`omni_ext.models.families.cost_units` costs it, and is one frame unless it is a video
-    model). The API process and the TunedExecutor both class requests with this."""
-    family = families.family_of(pipeline)
-    width, height, frames, steps = (family or families.FAMILIES[0]).shape_of(sp)
-    if family is None and not families.is_video(pipeline):
-        frames = 1
-    return shape_key(family.name if family else pipeline, width, height, frames, cfg), steps
 
 
 class CostModel:

@@ -78,13 +78,6 @@ class Ticket:
     cost: float = 0.0
     predicted_s: float | None = None
 
-    def price(self, predicted_s: float | None, units: float) -> "Ticket":
-        """Set the prediction, and the ordering cost in the one measure every ticket of a queue shares at
-        that moment: predicted seconds once a rate is known (measured or seeded), else cost units."""
-        self.predicted_s = predicted_s
-        self.cost = predicted_s if predicted_s is not None else units
-        return self
-
 
 def effective_priority(ticket: Ticket, now: float, aging_s: float) -> int:
     """The priority after aging (lower runs earlier)."""

@@ -10,7 +10,7 @@ omni-ext keeps the queue on the head instead and binds late:
 
 1. **Bind when it can start.** A request is bound only to a replica with a free slot (a slot is one
    job running at once: one for vLLM-Omni's executor, one per rank or CFG group for the
-   TunedExecutor, :meth:`omni_ext.api.layout.ServerLayout.slots`), so no replica ever holds a
+   TunedExecutor, :meth:`omni_ext.scheduler.layout.ServerLayout.slots`), so no replica ever holds a
    backlog and the head's order decides what runs next everywhere.
 2. **Order** is the scheduler's own (:mod:`omni_ext.scheduler.order`: priority, aging, longest
    predicted first), so a burst stays near its makespan bound across replicas as inside one.

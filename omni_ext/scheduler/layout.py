@@ -1,5 +1,12 @@
-"""What the API process knows of the engine behind it: executor, CFG and data parallel sizes,
-replicas, and omni-ext's options; and from them how many jobs it runs at once (its slots).
+"""The layouts omni-ext's TunedExecutor runs, and what a server's layout means for its queue.
+
+One module for the executor's layout rules, read by everything that needs them: which parallel
+layouts the TunedExecutor refuses and why (:func:`tuned_refusal`: the executor stops at start-up
+with it, a preset notes it, the planner avoids it), and how many jobs a layout runs at once
+(:meth:`ServerLayout.slots`: the API's admission and the head's dispatch count them).
+
+What the API process knows of the engine behind it: executor, CFG and data parallel sizes,
+replicas, and omni-ext's options.
 
 Read from the diffusion stage vLLM-Omni resolved (``engine_client.stage_configs``): that is what
 the engine was built from, whichever channel set it (command-line flags, a deploy YAML, a
@@ -17,6 +24,69 @@ from omni_ext.scheduler.config import CfgMode, omni_ext_section
 
 #: ``--distributed-executor-backend`` of omni-ext's executor ends with this class name.
 TUNED_EXECUTOR = "TunedExecutor"
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """The parallel sizes of one replica, as vLLM-Omni's options name them."""
+
+    cfg: int = 1
+    tp: int = 1
+    ulysses: int = 1
+    ring: int = 1
+    pp: int = 1
+    vae_patch: int = 1
+    hsdp: bool = False
+    step_execution: bool = False
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the TunedExecutor will not run a layout: ``option`` (the flag and value to drop),
+    ``reason`` (what a preset's note quotes) and ``instead`` (what to do)."""
+
+    option: str
+    reason: str
+    instead: str = "or serve with vLLM-Omni's own executor"
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def message(self) -> str:
+        """The executor's start-up error."""
+        return f"omni-ext TunedExecutor: drop {self.option}: {self.reason}; {self.instead}."
+
+
+def tuned_refusal(p: Parallel) -> Refusal | None:
+    """Why the TunedExecutor refuses the layout ``p`` (None: it runs it). Its worker groups are CFG
+    groups (1 or 2 ranks), several of them for data parallel; each rank runs its own requests."""
+    if p.tp > 1:
+        return Refusal(f"--tensor-parallel-size {p.tp}", f"it refuses tensor parallel (tensor_parallel_size={p.tp}; "
+                       "CFG and data parallel only, omni_ext/executor/tuned.py), so vLLM-Omni's own executor runs "
+                       "this preset")
+    if p.ulysses * p.ring > 1:
+        return Refusal(f"--ulysses-degree {p.ulysses} / --ring-degree {p.ring}",
+                       f"it refuses sequence parallel (Ulysses {p.ulysses} x Ring {p.ring}; CFG and data parallel "
+                       "only, omni_ext/executor/tuned.py), so vLLM-Omni's own executor runs this preset")
+    if p.pp > 1:
+        return Refusal(f"--pipeline-parallel-size {p.pp}", "it refuses pipeline parallel (CFG and data parallel only)")
+    if p.cfg > 2:
+        return Refusal(f"--cfg-parallel-size {p.cfg}", f"it runs cfg_parallel_size 1 or 2, not {p.cfg}",
+                       "use --cfg-parallel-size 2 with data parallel for more ranks")
+    if p.vae_patch > 1:
+        # vLLM-Omni's VAE patch parallel runs collectives over the whole worker world, which
+        # cannot work while ranks run different requests (data parallel, single-rank jobs).
+        return Refusal(f"--vae-patch-parallel-size {p.vae_patch}",
+                       "its worker groups are CFG and data-parallel groups only, without VAE patch parallel",
+                       "the TunedExecutor splits the Wan VAE decode (tiled or not) between the two ranks of a CFG "
+                       "pair itself (omni_ext/executor/vae_pipeline.py), or serve with vLLM-Omni's executor to use "
+                       "its VAE patch parallel")
+    if p.hsdp:
+        return Refusal("--use-hsdp", "it does not shard weights over its ranks (HSDP)")
+    if p.step_execution:
+        return Refusal("--step-execution", "it runs whole requests and refuses step execution",
+                       "drop streaming output, or serve with vLLM-Omni's own executor")
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,357 @@
+"""The TunedExecutor's queue over its worker ranks: jobs wait, start on ranks, answer, are cancelled.
+
+The executor (:mod:`omni_ext.executor.tuned`) owns the processes, pipes, reader and monitor
+threads; this object owns what happens to a job between ``execute_batch`` and its answer, and
+touches the workers only through the two things it is given: ``send(rank, message)`` (the rank's
+pipe) and ``cancel_slots`` (the shared-memory slot through which a running rank stops at its next
+step, :mod:`omni_ext.executor.role`). Tests drive it with a list for each.
+
+Under one lock, each change to the queue or to the free ranks (a submit, an answer, a cancel, the
+settle timer) asks placement what starts now (:func:`omni_ext.scheduler.placement.next_placements`,
+in the order of the :class:`~omni_ext.scheduler.queue.JobQueue`), marks it started for the API
+process (:func:`omni_ext.progress.mark_started`) and sends it to its ranks. A rank is free again as
+soon as it answers, and a request is answered as soon as the rank holding its output answers (for
+Qwen-Image CFG rank 1 skips the VAE decode and is free early). Times are learned per shape class
+and per mode the ranks ran a job in (:meth:`RankQueue.cost_key`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import copy
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, MutableSequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_omni.diffusion.data import DiffusionOutput
+
+from omni_ext import progress
+from omni_ext.executor import protocol
+from omni_ext.scheduler import cost, placement
+from omni_ext.scheduler.config import CfgMode, SchedulerConfig
+from omni_ext.models.families import request_cost
+from omni_ext.scheduler.cost import CostModel
+from omni_ext.scheduler.order import request_priority, request_waited_s
+from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout
+from omni_ext.scheduler.queue import WARM_UP_PRIORITY, Entry, JobQueue, is_warm_up
+
+logger = logging.getLogger("omni_ext.executor")
+
+
+@dataclass
+class Job:
+    """One request on its way through the ranks (the payload of its queue entry)."""
+
+    job_id: str
+    request_id: str
+    req: Any
+    needs: JobNeeds  # mode, units and arrival: what placement reads
+    shape: str = ""  # its shape class (families.shape_key)
+    steps: int = 0  # denoise steps, for the start marker
+    seq: int = 0  # written into the ranks' cancel slots to stop the job while it runs
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    ranks: tuple[int, ...] = ()
+    mode: JobMode | None = None  # how its ranks run it, once started
+    answered: set[int] = field(default_factory=set)
+    started: float | None = None  # monotonic
+    deadline: float | None = None  # monotonic time limit (cost-based), once started
+    longest_s: float = 0.0
+    dropped: bool = False
+    first_out: Any = None
+
+    @property
+    def all_ranks(self) -> bool:
+        """The warm-up of a tuned model: runs once on every rank and answers when all are done."""
+        return self.needs.mode is JobMode.ALL_RANKS
+
+    @property
+    def warm_up(self) -> bool:
+        return is_warm_up(self.request_id)
+
+
+class RankQueue:
+    """Jobs over the ranks of ``layout`` (see the module docstring).
+
+    ``model_arch``: the served pipeline class (CFG rule and cost units); ``tuned_model``: whether
+    omni-ext's pipeline runs it (a request may then use part of a CFG group, else it takes a whole
+    group and its warm-up is an ordinary request); ``cfg_mode``: the scheduler's, as it applies to
+    this model; ``small_warmup``: the warm-up runs at a small size (a CPU host).
+    """
+
+    def __init__(
+        self, layout: Layout, sched: SchedulerConfig, *, model_arch: str | None, tuned_model: bool, cfg_mode: CfgMode,
+        send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int], small_warmup: bool = False,
+    ) -> None:
+        self.layout, self.sched, self.cfg_mode = layout, sched, cfg_mode
+        self.cfg_size = len(layout.groups[0]) if layout.groups else 1
+        self.model_arch, self.tuned_model, self.small_warmup = model_arch, tuned_model, small_warmup
+        self.send, self.cancel_slots = send, cancel_slots
+        self.lock = threading.Condition(threading.RLock())
+        self.jobs: JobQueue[Job] = JobQueue(sched, predict=self._predict)
+        self.outputs: dict[str, Job] = {}  # async output id -> job, until the engine collects it
+        self.busy: dict[int, str | None] = {r: None for r in layout.ranks}  # rank -> job or RPC id
+        self.hold = 0  # > 0 while a control-plane RPC waits for every rank to be idle: nothing starts
+        self.stopped = False  # the executor failed or shut down: nothing starts
+        self._ids = itertools.count(1)
+
+    @property
+    def costs(self) -> CostModel:
+        return self.jobs.cost
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    # ---- a job's life ----------------------------------------------------------------------
+    def submit(self, request_id: str, req: Any) -> Job:
+        """Queue a request scheduled by the engine, and start what can start."""
+        sp = getattr(req, "sampling_params", None)
+        prompt = getattr(req, "prompt", None)
+        # Only omni-ext's tuned pipeline runs a CFG-free request on part of a group.
+        rc = request_cost(self.model_arch, prompt, sp, None if self.tuned_model else True)
+        warm_up = is_warm_up(request_id)  # tuned models: it runs CFG-free on every rank
+        mode = JobMode.for_request(needs_cfg=rc.cfg, group_size=self.cfg_size, warm_up=warm_up and self.tuned_model)
+        seq = self.next_id()
+        arrival = time.monotonic() - request_waited_s(sp)  # a job bound by the head waited there first
+        job = Job(f"omx-{seq}", request_id, req, JobNeeds(mode, rc.units, arrival=arrival), shape=rc.key,
+                  steps=rc.steps, seq=seq)
+        if job.all_ranks and self.small_warmup:
+            job.req = _small_warmup(req)
+        with self.lock:
+            if self.stopped:
+                raise RuntimeError("omni-ext TunedExecutor is not running")
+            self.outputs[job.job_id] = job
+            self.jobs.submit(job.job_id, job, priority=WARM_UP_PRIORITY if warm_up else request_priority(request_id, sp),
+                             arrival=arrival, key=rc.key, units=rc.units, learns=not warm_up)
+            self.dispatch()
+            if self.jobs.get(job.job_id) is not None and not self.entry(job).running:
+                if self.sched.settle_s > 0:
+                    self._dispatch_after(self.sched.settle_s)  # a settle hold (placement rule 5) ends then
+                priority = self.entry(job).ticket.priority
+                logger.info("omni-ext: queued request %s (priority %d, %d waiting)",
+                            request_id, priority, len(self.jobs.queued()))
+                progress.record_placement("queued", request_id, priority=priority)
+        return job
+
+    def entry(self, job: Job) -> Entry[Job]:
+        return self.jobs.entries[job.job_id]
+
+    def take_output(self, async_output_id: str) -> Job | None:
+        with self.lock:
+            return self.outputs.pop(async_output_id, None)
+
+    def drop_output(self, async_output_id: str) -> None:
+        """The engine will not collect this output: the job is cancelled."""
+        with self.lock:
+            job = self.outputs.pop(async_output_id, None)
+            if job is not None:
+                self._cancel(job)
+                self.dispatch()
+
+    def abort(self, request_ids) -> None:
+        """Stop these requests, queued or running."""
+        ids = set(request_ids)
+        with self.lock:
+            for entry in list(self.jobs.entries.values()):
+                if entry.payload.request_id in ids:
+                    self._cancel(entry.payload)
+            self.dispatch()
+
+    def _cancel(self, job: Job) -> None:
+        """Cancel a job (under the lock). A queued one leaves the queue, and with it the ordering,
+        at once (the caller dispatches next: jobs it held back may start now)."""
+        entry = self.jobs.get(job.job_id)
+        if job.dropped or entry is None:
+            return
+        job.dropped = True
+        if not entry.running:
+            self.jobs.abort(job.job_id)
+            resolve(job, DiffusionOutput(aborted=True, abort_message=f"Request {job.request_id} aborted."))
+            logger.info("omni-ext: cancelled queued request %s", job.request_id)
+        elif not job.all_ranks:
+            # Running: its rank(s) stop at the next denoise step and are free for the next job.
+            self.jobs.forget(job.job_id)
+            for r in job.ranks:
+                self.cancel_slots[r] = job.seq
+            logger.info("omni-ext: cancelling running request %s on rank(s) %s", job.request_id, list(job.ranks))
+
+    def answer(self, rank: int, done: protocol.JobDone) -> None:
+        """A rank's answer as it came through its pipe, in that rank's reader thread: the output is
+        copied out of the shared memory the worker put it in (:mod:`omni_ext.executor.protocol`) and
+        the segments unlinked here, not under the lock, and for every answer, also one that
+        :meth:`on_done` will discard (a cancelled job, a shut-down executor), so that nothing is
+        left in ``/dev/shm``."""
+        try:
+            protocol.output_from_shared_memory(done.out)
+        except Exception as exc:
+            logger.exception("omni-ext: the output of %s from worker %d could not be read", done.job_id, rank)
+            out = DiffusionOutput(error=f"omni-ext: the output from worker {rank} could not be read: {exc}")
+            done = protocol.JobDone(done.job_id, rank, out, True, done.seconds)
+        self.on_done(rank, done)
+
+    def on_done(self, rank: int, done: protocol.JobDone) -> None:
+        """A rank answered (its output already copied to the host): the rank is free, the request is
+        answered once the rank holding its output answers, and the job is done once all its ranks are."""
+        job_id, out, owner = done.job_id, done.out, done.owner
+        with self.lock:
+            if self.busy.get(rank) == job_id:
+                self.busy[rank] = None
+            entry = self.jobs.get(job_id)
+            if entry is None or not entry.running:
+                self.dispatch()
+                self.lock.notify_all()
+                return
+            job = entry.payload
+            job.answered.add(rank)
+            job.longest_s = max(job.longest_s, done.seconds)
+            is_error = isinstance(out, DiffusionOutput) and bool(getattr(out, "error", None))
+            if job.all_ranks:
+                if rank == job.ranks[0] or is_error:
+                    job.first_out = out  # the warm-up answers once every rank is done
+            elif ((owner and out is not None) or is_error) and not job.dropped:
+                resolve(job, out)  # answer now, even if the partner rank is still finishing
+            if len(job.answered) == len(job.ranks):
+                self._finished(job, out, is_error)
+            self.dispatch()
+            self.lock.notify_all()
+
+    def _finished(self, job: Job, out: Any, is_error: bool) -> None:
+        if is_error:
+            self.jobs.forget(job.job_id)  # learn from complete runs only
+        self.jobs.finish(job.job_id, time.monotonic(), seconds=job.longest_s)
+        logger.info("omni-ext: done request %s on rank(s) %s in %.2f s%s",
+                    job.request_id, list(job.ranks), job.longest_s, " (error)" if is_error else "")
+        progress.record_placement("done", job.request_id, ranks=list(job.ranks), seconds=job.longest_s, error=is_error)
+        if job.all_ranks:
+            resolve(job, job.first_out if job.first_out is not None else out)
+        elif job.dropped:
+            resolve(job, DiffusionOutput(aborted=True, abort_message=f"Request {job.request_id} aborted."))
+        elif not job.future.done():
+            resolve(job, DiffusionOutput(error=f"omni-ext: no rank returned an output for {job.request_id}"))
+
+    def drain(self) -> list[Job]:
+        """Every job queued or running, taken out (the executor failed or shuts down: nothing starts again)."""
+        with self.lock:
+            self.stopped = True
+            jobs = [e.payload for e in self.jobs.entries.values()]
+            self.jobs.entries.clear()
+            self.lock.notify_all()
+        return jobs
+
+    # ---- what is read -------------------------------------------------------------------------
+    def running(self) -> list[Job]:
+        return [e.payload for e in self.jobs.running()]
+
+    def queued(self) -> list[Job]:
+        return [e.payload for e in self.jobs.queued()]
+
+    def idle(self) -> bool:
+        """No job runs and no rank is busy (a control-plane RPC may run)."""
+        return not self.jobs.running() and all(v is None for v in self.busy.values())
+
+    def late(self, now: float) -> list[Job]:
+        with self.lock:
+            return [j for j in self.running() if j.deadline is not None and now > j.deadline]
+
+    def on_ranks(self, ranks: list[int]) -> list[Job]:
+        with self.lock:
+            return [j for j in self.running() if set(j.ranks) & set(ranks)]
+
+    def describe(self) -> str:
+        with self.lock:
+            return (f"pending={[j.request_id for j in self.queued()]} "
+                    f"running={[(j.request_id, j.ranks) for j in self.running()]} busy={self.busy}")
+
+    # ---- dispatch -------------------------------------------------------------------------------
+    def cost_key(self, job: Job, mode: JobMode) -> str:
+        """Measurements are kept per shape class AND per mode the ranks ran it in: a CFG job on a
+        pair takes well under the time of the same job on one rank (half at best)."""
+        return f"{job.shape}:{mode.rank_mode.value}"
+
+    def _predict(self, entry: Entry[Job], model: CostModel) -> float | None:
+        """Predicted seconds of a queued job. One that may run on a pair or on one rank (cfg_mode
+        "adaptive") is predicted as on one rank when that was measured: an upper bound, and the mode
+        it runs in whenever others wait, which is when the prediction matters."""
+        mode = entry.payload.needs.mode
+        if mode is JobMode.PAIR and self.cfg_mode != CfgMode.PAIR:
+            modes = (JobMode.SINGLE, JobMode.PAIR) if self.cfg_mode == CfgMode.ADAPTIVE else (JobMode.SINGLE,)
+        else:
+            modes = (mode,)
+        keys = [self.cost_key(entry.payload, m) for m in modes]
+        known = [k for k in keys if k in model.by_shape]
+        return model.predict_s(known[0] if known else None, entry.units)
+
+    def _dispatch_after(self, seconds: float) -> None:
+        def again() -> None:
+            with self.lock:
+                self.dispatch()
+
+        timer = threading.Timer(seconds + 0.001, again)
+        timer.daemon = True
+        timer.start()
+
+    def dispatch(self) -> None:
+        """Start what the order and placement rules allow now (under the lock; nothing while held)."""
+        if self.stopped or not self.jobs.queued():
+            return
+        now = time.monotonic()
+        starts = placement.next_placements(
+            [e.payload for e in self.jobs.ordered(now)], [r for r, v in self.busy.items() if v is None], self.layout,
+            hold=bool(self.hold), cfg_mode=self.cfg_mode, now=now, settle_s=self.sched.settle_s,
+        )
+        for start in starts:
+            self._start(start.job, start.ranks, start.mode, now)
+
+    def _start(self, job: Job, ranks: tuple[int, ...], mode: JobMode, now: float) -> None:
+        entry = self.entry(job)
+        job.ranks, job.mode, job.started = ranks, mode, now
+        self.jobs.start(job.job_id, now, ranks, key=self.cost_key(job, mode))
+        predicted = None if job.warm_up else entry.predicted_s
+        # The warm-up pays first-call costs (compilation): only a fixed limit applies to it.
+        limit = cost.job_time_limit_s(job.needs.units, None if job.warm_up else self.costs.rate(entry.key))
+        if not job.warm_up:
+            # Tell the API process the job runs now. Before the ranks get it, so that the lead
+            # rank's step reports (same file) always come after this.
+            progress.mark_started([job.request_id], job.steps, mode.value)
+        job.deadline = None if limit is None else now + limit
+        for r in ranks:
+            self.busy[r] = job.job_id
+        for r in ranks:
+            try:
+                self.send(r, protocol.RunJob(job.job_id, job.req, mode, self.cfg_size, job.seq))
+            except Exception as exc:  # a dead pipe: the monitor reports the death
+                logger.error("omni-ext: could not send request %s to worker %d: %s", job.request_id, r, exc)
+        waited = now - entry.ticket.arrival
+        logger.info(
+            "omni-ext: start request %s on rank(s) %s (%s), waited %.2f s%s%s%s",
+            job.request_id, list(ranks), "warm-up" if job.all_ranks else mode.value, waited,
+            "" if job.warm_up else f", priority {entry.ticket.priority}",
+            f", predicted {predicted:.1f} s" if predicted is not None else "",
+            f", time limit {limit:.0f} s" if limit is not None else "",
+        )
+        progress.record_placement("start", job.request_id, ranks=list(ranks),
+                                  mode="warm-up" if job.all_ranks else mode.value, waited_s=waited, predicted_s=predicted)
+
+
+def resolve(job: Job, out: DiffusionOutput) -> None:
+    """Answer the engine's future of ``job`` (once; later answers are ignored)."""
+    if not job.future.done():
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            job.future.set_result(out)
+
+
+def _small_warmup(req: Any) -> Any:
+    """vLLM-Omni warms up at 512x512; on a CPU host every worker would spend a minute on it.
+    There the warm-up runs at ``OMNI_EXT_CPU_WARMUP_SIZE`` (default 64) pixels a side."""
+    side = int(os.environ.get("OMNI_EXT_CPU_WARMUP_SIZE", "64"))
+    req = copy.copy(req)
+    req.sampling_params = copy.deepcopy(req.sampling_params)
+    sp = req.sampling_params
+    sp.height = min(sp.height or side, side)
+    sp.width = min(sp.width or side, side)
+    return req

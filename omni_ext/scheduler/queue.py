@@ -1,0 +1,206 @@
+"""One queue of jobs: who waits, who runs and for how long, learned from the jobs that finished.
+
+Three mechanisms hold a queue, each its own :class:`JobQueue`: the API process's account of what it
+admitted (:mod:`omni_ext.api.queue`), the head's dispatch in front of several replicas
+(:mod:`omni_ext.dispatch.replicas`) and the TunedExecutor inside a replica
+(:mod:`omni_ext.executor.tuned`). The state machine is the same for all three, so it is written
+once, here: a job is submitted (queued), started (running, somewhere), then finished (its time
+teaches the cost model) or aborted (it teaches nothing). Pricing (a job's predicted seconds from the
+:class:`~omni_ext.scheduler.cost.CostModel`, the one measure tickets are ordered by), the order
+(:mod:`omni_ext.scheduler.order`), the remaining time of running jobs
+(:func:`~omni_ext.scheduler.cost.remaining_s`) and predicted starts
+(:func:`~omni_ext.scheduler.admission.start_times`) are read from it.
+
+Pure: no clock of its own (every call takes ``now``, in the one clock the owner uses for arrivals
+and starts), no threads, no I/O; the owner serialises its calls (a lock, or one event loop).
+What each mechanism adds (pipes and ranks, replica bindings, HTTP admission) stays with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from omni_ext.scheduler.admission import Estimate, start_times
+from omni_ext.scheduler.config import SchedulerConfig
+from omni_ext.scheduler.cost import CostModel, remaining_s
+from omni_ext.scheduler.order import Ticket, sort_key
+
+#: vLLM-Omni's start-up warm-up request ids start with this
+#: (``vllm_omni.diffusion.request.DUMMY_DIFFUSION_REQUEST_ID`` in 0.30).
+WARM_UP_PREFIX = "dummy_req_id"
+#: The warm-up's priority: it is the only job at start-up, and it stays ahead of anything queued meanwhile.
+WARM_UP_PRIORITY = -(10**6)
+
+P = TypeVar("P")
+
+
+def is_warm_up(request_id: str) -> bool:
+    """vLLM-Omni's start-up request: it is resized on a CPU host and pays first-call costs, so it
+    runs ahead of everything, has no cost-based time limit and teaches the cost model nothing."""
+    return request_id.startswith(WARM_UP_PREFIX)
+
+
+@dataclass
+class Entry(Generic[P]):
+    """One job of a :class:`JobQueue`. ``ticket``: priority, arrival and the current prediction
+    (what ordering and admission read); ``key``/``units``: its shape class and cost units;
+    ``payload``: what the owning mechanism keeps for it. Once started: ``started`` (the owner's
+    clock), ``where`` (ranks, a replica), ``predicted_s`` (the prediction when it started, before
+    ``speed``), ``speed`` (how much slower than the cost model ``where`` runs), ``steps`` (measured
+    denoise progress: done, total, seconds those took)."""
+
+    ticket: Ticket
+    key: str
+    units: float
+    payload: P
+    learns: bool = True
+    started: float | None = None
+    where: Any = None
+    predicted_s: float | None = None
+    speed: float = 1.0
+    steps: tuple[int, int, float] | tuple[()] = field(default=())
+
+    @property
+    def id(self) -> str:
+        return self.ticket.id
+
+    @property
+    def running(self) -> bool:
+        return self.started is not None
+
+
+#: How a queue predicts a job's seconds from its cost model (default: its shape class and units).
+Predictor = Callable[[Entry, CostModel], "float | None"]
+
+
+def _by_shape(entry: Entry, model: CostModel) -> float | None:
+    return model.predict_s(entry.key, entry.units)
+
+
+class JobQueue(Generic[P]):
+    """The jobs of one mechanism, queued and running (see the module docstring).
+
+    ``predict``: a queue whose jobs run in several modes (the TunedExecutor: a CFG job on a pair
+    or on one rank) predicts with its own rule; the default reads the job's shape class."""
+
+    def __init__(self, config: SchedulerConfig, *, predict: Predictor = _by_shape) -> None:
+        self.config = config
+        self.cost = CostModel(config.seconds_per_unit)
+        self.entries: dict[str, Entry[P]] = {}
+        self._predict = predict
+
+    # ---- a job's life ----------------------------------------------------------------------
+    def entry(self, job_id: str, payload: P, *, priority: int, arrival: float, key: str, units: float,
+              learns: bool = True) -> Entry[P]:
+        """A new job priced against this queue, not yet in it (admission decides on it first)."""
+        entry = Entry(Ticket(job_id, priority, arrival), key, units, payload, learns=learns)
+        self.price(entry)
+        return entry
+
+    def candidate(self, job_id: str, payload: P, *, now: float, priority: int, key: str, units: float
+                  ) -> tuple[Entry[P], list[float], list[Ticket]]:
+        """A new job arriving ``now`` (not yet in the queue) and the queue it would join: what
+        admission decides on (:meth:`entry` and :meth:`snapshot` in one)."""
+        entry = self.entry(job_id, payload, priority=priority, arrival=now, key=key, units=units)
+        running, queued = self.snapshot(now)
+        return entry, running, queued
+
+    def add(self, entry: Entry[P], *, front: bool = False) -> Entry[P]:
+        """Queue ``entry``; ``front``: ahead of the others in arrival order (a job that goes back)."""
+        entry.started = None
+        self.entries = {entry.id: entry, **self.entries} if front else {**self.entries, entry.id: entry}
+        return entry
+
+    def submit(self, job_id: str, payload: P, *, priority: int, arrival: float, key: str, units: float,
+               learns: bool = True) -> Entry[P]:
+        """Queue a new job (priced at once)."""
+        return self.add(self.entry(job_id, payload, priority=priority, arrival=arrival, key=key, units=units,
+                                   learns=learns))
+
+    def start(self, job_id: str, now: float, where: Any = None, *, speed: float = 1.0,
+              key: str | None = None) -> Entry[P]:
+        """The job runs from ``now`` on ``where``; ``key``: the class its time is predicted by there
+        (the mode it runs in), else its shape class."""
+        entry = self.entries[job_id]
+        entry.started, entry.where, entry.speed = now, where, speed
+        if key is not None:
+            entry.key = key
+        entry.predicted_s = self.cost.predict_s(entry.key, entry.units)
+        return entry
+
+    def finish(self, job_id: str, now: float, seconds: float | None = None) -> float | None:
+        """The job is done: it leaves the queue, and its time (``seconds``, else start to ``now``)
+        teaches the cost model unless it may not (:meth:`forget`, a warm-up). Returns that time, or
+        None for a job that never started (nothing is learned then)."""
+        entry = self.entries.pop(job_id, None)
+        if entry is None or entry.started is None:
+            return None
+        took = max(0.0, now - entry.started) if seconds is None else seconds
+        if entry.learns:
+            self.cost.observe(entry.key, entry.units, took)
+        return took
+
+    def abort(self, job_id: str) -> Entry[P] | None:
+        """The job leaves the queue without teaching anything (cancelled, failed, lost)."""
+        return self.entries.pop(job_id, None)
+
+    def forget(self, job_id: str) -> None:
+        """A running job that will not finish normally (aborted, its replica lost): it holds its
+        place until it is released, and its time teaches nothing."""
+        entry = self.entries.get(job_id)
+        if entry is not None:
+            entry.learns = False
+
+    # ---- what is read from it -----------------------------------------------------------------
+    def get(self, job_id: str) -> Entry[P] | None:
+        return self.entries.get(job_id)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def queued(self) -> list[Entry[P]]:
+        return [e for e in self.entries.values() if e.started is None]
+
+    def running(self) -> list[Entry[P]]:
+        return [e for e in self.entries.values() if e.started is not None]
+
+    def price(self, entry: Entry[P]) -> Ticket:
+        """``entry``'s ticket with its prediction from what the cost model knows now, and its ordering
+        cost in the measure every ticket shares at that moment (seconds once a rate is known, else units)."""
+        ticket = entry.ticket
+        ticket.predicted_s = self._predict(entry, self.cost)
+        ticket.cost = ticket.predicted_s if ticket.predicted_s is not None else entry.units
+        return ticket
+
+    def ordered(self, now: float) -> list[Entry[P]]:
+        """The queued jobs in the order they should start, each priced afresh."""
+        queued = self.queued()
+        for entry in queued:
+            self.price(entry)
+        return sorted(queued, key=lambda e: sort_key(e.ticket, now, self.config))
+
+    def remaining(self, entry: Entry[P], now: float) -> float | None:
+        """Predicted seconds left of a running job, times its place's ``speed``: its measured steps
+        when known, else its prediction (from what the cost model knows now) less the time it ran;
+        None while no rate is known."""
+        predicted = self.cost.predict_s(entry.key, entry.units)
+        left = remaining_s(predicted, now - (entry.started if entry.started is not None else now), *entry.steps)
+        return None if left is None else left * entry.speed
+
+    def snapshot(self, now: float) -> tuple[list[float], list[Ticket]]:
+        """(predicted seconds left of each running job, the queued tickets priced afresh): what
+        :class:`~omni_ext.scheduler.admission.Admission` decides on."""
+        running = [self.remaining(e, now) or 0.0 for e in self.running()]
+        return running, [self.price(e) for e in self.queued()]
+
+    def estimates(self, now: float, capacity: int) -> dict[str, Estimate]:
+        """Queue position and predicted seconds until it starts of every queued job, on ``capacity`` slots."""
+        ordered = self.ordered(now)
+        running = [self.remaining(e, now) or 0.0 for e in self.running()]
+        starts = start_times(running, [e.ticket.predicted_s or 0.0 for e in ordered], capacity)
+        return {e.id: Estimate(i, s) for i, (e, s) in enumerate(zip(ordered, starts))}
