@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from omni_ext.server_process import ServeProcess
+from tests.helpers import DRILL_ARGS, DRILL_ENV, START_TIMEOUT_S
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -26,7 +27,7 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "wan-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2"], {}),
     "qwen": ("qwen-image", [], {}),
     "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2"], {}),
-    # omni-ext's API with --api-key and its own job directory; test_api restarts it.
+    # omni-ext's API with --api-key and its own job directory (tests/test_api.py, tests/test_playground.py).
     "wan-api": ("wan2.1-t2v", ["--api-key", "sk-omni-ext-test"], {"OMNI_EXT_API_TTL_S": "3600"}),
     # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,
     # which the tests of those patches show.
@@ -35,7 +36,7 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
         {"OMNI_EXT_DISABLE_PATCHES": "validate-diffusion-requests,openai-routes,idle-poll-backoff,gloo-shared-device"},
     ),
     # omni-ext's TunedExecutor (tests/test_executor.py): one CFG group of two workers, and two
-    # groups of one worker (data parallel; the last test that uses it kills one of its workers).
+    # groups of one worker (data parallel).
     "wan-tuned-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED], {}),
     "qwen-tuned-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED], {}),
     "wan-tuned-dp2": (
@@ -51,31 +52,12 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
          '{"omni_ext": {"scheduler": {"max_wait_s": 3, "seconds_per_unit": 0.00016}}}'],
         {},
     ),
-    # The failure drills (tests/test_drills.py): client loss, a full or unwritable data directory,
-    # a restart with a full queue. One TunedExecutor worker (one slot; a second worker would add
-    # ~0.6 GB PSS next to all the other servers) on one thread (with two, the worker's parallel
-    # regions wait on a thread that a busy host has descheduled: 9x slower in a test run), a bound
-    # on the predicted wait that admits 20 long requests, and max_queued 24 so that "full" is a
-    # known number of jobs. Its data directory is a tmpfs (TMPFS_DATA_MB) that the drill fills up;
-    # the last drills restart it.
-    "wan-drill": (
-        "wan2.1-t2v",
-        ["--distributed-executor-backend", TUNED, "--additional-config",
-         '{"omni_ext": {"scheduler": {"max_wait_s": 600}}}'],
-        {"OMNI_EXT_API_MAX_QUEUED": "24", "OMP_NUM_THREADS": "1"},
-    ),
-    # Two vLLM-Omni replicas in one server (deploy YAML num_replicas: 2), each a TunedExecutor of
-    # one worker; omni-ext's dispatch binds requests to them (tests/test_replicas.py; its last test
-    # kills one replica).
-    "wan-rep2": ("wan2.1-t2v", ["--deploy-config", "DEPLOY:wan-rep2"], {}),
+    # The failure drills (tests/test_drills.py): client loss, a full or unwritable data directory
+    # (tests.helpers.DRILL_ARGS: one TunedExecutor worker, one slot; a second worker would add ~0.6 GB
+    # PSS next to all the other servers). Its data directory is a tmpfs (TMPFS_DATA_MB) that the drill
+    # fills up. The restart drill restarts a server of its own with the same arguments.
+    "wan-drill": ("wan2.1-t2v", DRILL_ARGS, DRILL_ENV),
 }
-# Deploy YAMLs of SERVERS, written next to the server logs; an argument "DEPLOY:name" names one.
-DEPLOYS: dict[str, dict] = {
-    "wan-rep2": {"async_chunk": False, "stages": [{
-        "stage_id": 0, "num_replicas": 2, "devices": "0,1", "distributed_executor_backend": TUNED,
-        "flow_shift": 5.0, "boundary_ratio": 0.875}]},
-}
-START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 # Servers whose API data directory (OMNI_EXT_API_DATA_DIR) is a tmpfs of this many MiB, so that a
 # test can fill it for a real ENOSPC. Mounting needs root with CAP_SYS_ADMIN (this host and CI);
 # where it is refused the directory stays a plain one and ServerPool.tmpfs says so.
@@ -97,7 +79,8 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that start servers of their own (marked ``server`` but not using the shared pool: presets
-    started for real, the multi-machine head with its headless replicas) run first, before the pool's
+    started for real, the multi-machine head with its headless replicas, every test that kills or
+    restarts a server: tests.helpers.own_server) run first, before the pool's
     dozen servers are up: the host has 24 GiB, and the pool alone holds ~19 GiB once all are loaded
     (a full run with the multi-machine servers next to the pool was stopped by the OOM killer)."""
     def own_servers(item: pytest.Item) -> bool:
@@ -136,7 +119,6 @@ class ServerPool:
 
     def _start(self, name: str) -> None:
         model, args, env = SERVERS[name]
-        args = [self._deploy_path(a[len("DEPLOY:"):]) if a.startswith("DEPLOY:") else a for a in args]
         data_dir = self.log_dir / f"api-{name}"
         if name in TMPFS_DATA_MB:
             refused = mount_tmpfs(data_dir, TMPFS_DATA_MB[name])
@@ -151,13 +133,6 @@ class ServerPool:
         self.procs[name] = proc.start()
         self._ready[name] = threading.Event()
         threading.Thread(target=self._wait, args=(name,), daemon=True).start()
-
-    def _deploy_path(self, name: str) -> str:
-        import yaml
-
-        path = self.log_dir / f"deploy-{name}.yaml"
-        path.write_text(yaml.safe_dump(DEPLOYS[name], sort_keys=False))
-        return str(path)
 
     def _wait(self, name: str) -> None:
         try:
@@ -182,23 +157,6 @@ class ServerPool:
         if name in self.errors:
             pytest.fail(f"server {name!r} did not start: {self.errors[name]}")
         return self.procs[name]
-
-    def restart(self, name: str, *, kill: bool = False) -> ServeProcess:
-        """Stop (or SIGKILL the whole process group of) a server and start it again on the same port,
-        with the same arguments and data directory."""
-        import os
-        import signal
-
-        old = self.get(name)
-        if kill:
-            os.killpg(old.proc.pid, signal.SIGKILL)
-            old.proc.wait(timeout=30)
-        else:
-            old.stop()
-        new = ServeProcess(model=old.model, args=old.args, env=old.env, port=old.port,
-                           log_path=old.log_path.with_suffix(f".{int(old.started_at)}.log"))
-        self.procs[name] = new.start().wait_ready(START_TIMEOUT_S)
-        return new
 
     def stop(self) -> None:
         import subprocess

@@ -1,28 +1,33 @@
 """Helpers shared by test modules (a test module imports them from here, never from another test
-module): requests as a client sends them, the TunedExecutor's placement as its log tells it, a
-scheduler server's metrics and queue, the API in process (no engine), and the executor without
-workers."""
+module): requests as a client sends them, placements as the server's journal tells them, a
+scheduler server's metrics and queue, the API in process (no engine), the executor without
+workers, and servers of a test's own."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import contextlib
-import re
+import os
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from omni_ext.api.jobs import JobStore
-from omni_ext.api.queue import RequestQueue, job_shape
+from omni_ext.api.queue import RequestQueue
+from omni_ext.models.families import job_shape
 from omni_ext.api.settings import load_settings
 from omni_ext.api.state import ApiState, VideoBackend
 from omni_ext.api.validation import ModelLimits
 from omni_ext.progress import StepProgress
 from omni_ext.scheduler.config import SchedulerConfig
+from omni_ext.server_process import ServeProcess
 
 VIDEO = {"prompt": "a red fox running through fresh snow", "negative_prompt": "blurry, low quality",
          "num_inference_steps": "2", "guidance_scale": "4.0", "seed": "1234", "fps": "8"}
@@ -46,31 +51,42 @@ def png_from(resp: requests.Response) -> bytes:
     return base64.b64decode(body["data"][0]["b64_json"])
 
 
-# The TunedExecutor's INFO lines: ``omni-ext: start request <id> on rank(s) [..] (<mode>)`` and
-# ``omni-ext: done request <id> on rank(s) [..]``, in the order the server wrote them.
-START = re.compile(r"omni-ext: start request (\S+) on rank\(s\) \[([\d, ]+)\] \((\w+(?:-\w+)?)\)")
-DONE = re.compile(r"omni-ext: done request (\S+) on rank\(s\) \[([\d, ]+)\]")
+def placements(server, after: float = 0.0, kind: str | None = None) -> list[dict]:
+    """The server's placement journal (``GET /v1/omni_ext/placements``) after the unix time ``after``,
+    oldest first, every page; only events of ``kind`` (queued, start, done, bind) when given."""
+    events: list[dict] = []
+    while True:
+        resp = requests.get(server.url + "/v1/omni_ext/placements", params={"after": repr(after), "limit": 1000},
+                            timeout=30)
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        events += body["data"]
+        if not body["has_more"] or not body["data"]:
+            return [e for e in events if kind is None or e["kind"] == kind]
+        after = body["data"][-1]["time"]
 
 
-def executor_events(log: str) -> list[tuple[str, str, tuple[int, ...], str]]:
-    """("start"|"done", request_id, ranks, mode) in log order."""
-    events = []
-    for line in log.splitlines():
-        m = START.search(line)
-        if m:
-            events.append(("start", m.group(1), tuple(int(x) for x in m.group(2).split(",")), m.group(3)))
-            continue
-        m = DONE.search(line)
-        if m:
-            events.append(("done", m.group(1), tuple(int(x) for x in m.group(2).split(",")), ""))
-    return events
+def events_mark(server) -> float:
+    """A cursor for :func:`new_events`: the time of the newest placement event so far (0 if none)."""
+    resp = requests.get(server.url + "/v1/omni_ext/placements", params={"limit": 1}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()["data"]
+    return data[-1]["time"] if data else 0.0
 
 
-def new_events(server, before: int) -> list:
-    return executor_events(server.log_text())[before:]
+def executor_events(server, after: float = 0.0) -> list[tuple[str, str, tuple[int, ...], str]]:
+    """The TunedExecutors' ("start"|"done", request_id, ranks, mode) in time order, from the
+    placement journal (``mode``: "pair", "single", "warm-up"; "" for done)."""
+    return [(e["kind"], e["request_id"], tuple(e["ranks"]), e.get("mode", "") if e["kind"] == "start" else "")
+            for e in placements(server, after) if e["kind"] in ("start", "done")]
 
 
-def wait_for_events(server, before: int, n_done: int, timeout: float = 60.0) -> list:
+def new_events(server, before: float) -> list:
+    """:func:`executor_events` since the cursor ``before`` (:func:`events_mark`)."""
+    return executor_events(server, before)
+
+
+def wait_for_events(server, before: float, n_done: int, timeout: float = 60.0) -> list:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ev = new_events(server, before)
@@ -203,21 +219,20 @@ def serve_in_process(tmp_path: Path, limits: ModelLimits):
             client.delete(f"/v1/videos/{job_id}")
 
 
-# ---- the TunedExecutor's queue mechanism without worker processes (its pipes replaced by a list) ----
-def bare_executor(world: int = 2, cfg_size: int = 2, **options):
-    """A TunedExecutor for the Wan family with its state but no workers; what it sends lands in ``.sent``."""
-    from omni_ext.executor.tuned import TunedExecutor
+# ---- the TunedExecutor's queue over its ranks, without worker processes (its pipes replaced by a list) ----
+def rank_queue(world: int = 2, cfg_size: int = 2, **options):
+    """The TunedExecutor's :class:`~omni_ext.executor.ranks.RankQueue` for the Wan family on ``world``
+    ranks in CFG groups of ``cfg_size``; what it sends to a rank lands in ``.sent`` as (rank, message)."""
+    from omni_ext.executor.ranks import RankQueue
     from omni_ext.scheduler.placement import Layout
 
-    ex = TunedExecutor.__new__(TunedExecutor)
-    ex.world, ex.cfg_size, ex.layout = world, cfg_size, Layout.regular(world // cfg_size, cfg_size)
-    ex.sched = SchedulerConfig(**options)
-    ex.model_arch, ex._tuned_model, ex.cfg_mode, ex.device_type = "WanPipeline", True, ex.sched.cfg_mode, "cpu"
-    ex._init_state()
-    ex._cancel_slots = [0] * world
-    ex.sent = []
-    ex._post = lambda rank, msg: ex.sent.append((rank, msg))
-    return ex
+    sched = SchedulerConfig(**options)
+    sent: list = []
+    rq = RankQueue(Layout.regular(world // cfg_size, cfg_size), sched, model_arch="WanPipeline", tuned_model=True,
+                   cfg_mode=sched.cfg_mode, send=lambda rank, msg: sent.append((rank, msg)), cancel_slots=[0] * world,
+                   small_warmup=True)
+    rq.sent = sent
+    return rq
 
 
 def wan_request(priority=None, guidance: float = 4.0):
@@ -225,3 +240,77 @@ def wan_request(priority=None, guidance: float = 4.0):
     sp = SimpleNamespace(guidance_scale=guidance, guidance_scale_provided=True, width=32, height=32, num_frames=5,
                          num_inference_steps=2, extra_args={} if priority is None else {"omni_ext_priority": priority})
     return SimpleNamespace(prompt={"prompt": "a fox", "negative_prompt": "blurry"}, sampling_params=sp)
+
+
+# ---- a server of a test's own: a test that kills or restarts a server never shares it ----------------
+START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
+#: ``wan-drill`` (tests/conftest.py) and the restart drill's own servers: one TunedExecutor worker (one
+#: slot) on one thread (with two, the worker's parallel regions wait on a thread that a busy host has
+#: descheduled: 9x slower in a test run), a bound on the predicted wait that admits 20 long requests,
+#: and max_queued 24 so that "full" is a known number of jobs.
+DRILL_ARGS = ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor",
+              "--additional-config", '{"omni_ext": {"scheduler": {"max_wait_s": 600}}}']
+DRILL_ENV = {"OMNI_EXT_API_MAX_QUEUED": "24", "OMP_NUM_THREADS": "1"}
+#: The deploy YAML of two vLLM-Omni replicas in one server, each a TunedExecutor of one worker
+#: (tests/test_replicas.py's own server).
+REPLICAS2_DEPLOY = {"async_chunk": False, "stages": [{
+    "stage_id": 0, "num_replicas": 2, "devices": "0,1", "distributed_executor_backend": "omni_ext.executor.TunedExecutor",
+    "flow_shift": 5.0, "boundary_ratio": 0.875}]}
+
+
+@contextlib.contextmanager
+def own_servers(model: Path, workdir: Path, specs: dict[str, tuple[list[str], dict[str, str]]],
+                deploy: dict | None = None) -> Iterator[dict[str, ServeProcess]]:
+    """``vllm-omni serve`` processes for tests of their own, name -> (args, env), started together (two
+    starts overlap on the two cores) and stopped afterwards; each has its storage and API data directory
+    under ``workdir / name`` and one thread per process unless its env says otherwise (``deploy``: a
+    deploy YAML for each). Their tests are marked ``server`` and do not use ``server_pool``, so conftest
+    runs them before the shared pool is up (the pool alone holds ~19 GiB of the host's 24). A test that
+    kills or restarts a server takes one of these for itself alone: none other shares it, so none depends
+    on running before it."""
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts a vllm-omni server of its own")
+    procs: dict[str, ServeProcess] = {}
+    try:
+        for name, (args, env) in specs.items():
+            (workdir / name).mkdir(parents=True, exist_ok=True)
+            if deploy is not None:
+                import yaml
+
+                (workdir / name / "deploy.yaml").write_text(yaml.safe_dump(deploy, sort_keys=False))
+                args = [*args, "--deploy-config", str(workdir / name / "deploy.yaml")]
+            procs[name] = ServeProcess(
+                model=str(model), args=list(args), log_path=workdir / name / "serve.log",
+                env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(workdir / name / "storage"),
+                     "OMNI_EXT_API_DATA_DIR": str(workdir / name / "api"), "OMP_NUM_THREADS": "1", **env}).start()
+        for name, proc in procs.items():
+            proc.wait_ready(START_TIMEOUT_S)
+            print(f"\n[servers] own server {name}: ready after {proc.ready_after_s:.1f} s ({proc.log_path})")
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+@contextlib.contextmanager
+def own_server(model: Path, workdir: Path, args: list[str] | tuple = (), env: dict[str, str] | None = None,
+               deploy: dict | None = None) -> Iterator[ServeProcess]:
+    """One server of :func:`own_servers`, for one test."""
+    with own_servers(model, workdir.parent, {workdir.name: (list(args), env or {})}, deploy) as procs:
+        yield procs[workdir.name]
+
+
+def restart_server(server: ServeProcess, *, kill: bool = False) -> int | None:
+    """Stop ``server`` (SIGTERM to its process group, or SIGKILL with ``kill``) and start it again in place:
+    the same port, arguments, environment and so data directory, a new log beside the old one. Returns
+    the old process's exit code."""
+    old = server.proc
+    assert old is not None, "start() first"
+    if kill:
+        os.killpg(old.pid, signal.SIGKILL)
+        old.wait(timeout=30)
+    else:
+        server.stop()
+    server.log_path = server.log_path.with_suffix(f".{int(server.started_at)}.log")  # type: ignore[union-attr]
+    server.start().wait_ready(START_TIMEOUT_S)
+    return old.returncode

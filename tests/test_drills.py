@@ -11,9 +11,10 @@ checked under load and measured. RELIABILITY.md lists each drill, its promise an
 - **Storage full / unwritable** (``wan-drill``, whose data directory is a 32 MiB tmpfs): the job
   that meets the fault fails with ``storage_full`` / ``storage_error``, the server keeps serving,
   serves again once storage is back, and loses nothing it had finished.
-- **Restart with a full queue** (``wan-drill``, ``max_queued`` 24): after a restart every admitted
-  job is either completed (and downloadable) or failed ``server_restarted``; none is left queued or
-  running, and finished jobs are still there.
+- **Restart with a full queue** (a server of its own, configured as ``wan-drill``, ``max_queued`` 24;
+  restarted with SIGTERM, then with SIGKILL): after a restart every admitted job is either completed
+  (and downloadable) or failed ``server_restarted``; none is left queued or running, and finished jobs
+  are still there.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ from omni_ext.api.errors import StorageError, storage, storage_failure
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.validation import ModelLimits
 from omni_ext.server_process import ServeProcess
-from tests.helpers import START, executor_events, fill, scrape, serve_in_process, video_sync, wait_all, wait_idle
+from tests.helpers import (
+    DRILL_ARGS, DRILL_ENV, events_mark, fill, new_events, own_servers, placements, restart_server, scrape,
+    serve_in_process, video_sync, wait_all, wait_idle,
+)
 from tests.media import decode_mp4
 
 warnings.simplefilter("ignore", DeprecationWarning)  # openai's videos API is marked deprecated
@@ -262,19 +266,19 @@ def test_sync_clients_that_go_away_free_the_server_at_once(server_pool) -> None:
     long_s = timed_sync(server, **{k: LONG[k] for k in ("size", "num_frames", "num_inference_steps")})
     cancelled = scrape(server, "omni_ext:requests_cancelled_total", reason="client_disconnected")
     lines = server.log_text().count("client disconnected; generation aborted")
-    n_events = len(executor_events(server.log_text()))
+    n_events = events_mark(server)
     conns = [open_sync(server, {**LONG, "seed": i}) for i in range(N_GONE)]
     try:
-        # Mid-generation: the server's one worker runs the first of them (the TunedExecutor logs the start).
+        # Mid-generation: the server's one worker runs the first of them (the TunedExecutor journals the start).
         deadline = time.monotonic() + 60
-        while not any(e[0] == "start" for e in executor_events(server.log_text())[n_events:]):
+        while not any(e[0] == "start" for e in new_events(server, n_events)):
             assert time.monotonic() < deadline, "the long requests did not start"
             time.sleep(0.05)
         time.sleep(0.5)
         early = [c for c in conns if answered(c)]
         assert not early, early[0].getresponse().read()[:300]  # all 20 admitted and waiting
         depth = scrape(server, "omni_ext:queue_depth")
-        log_mark = len(server.log_text())
+        mark = events_mark(server)
     finally:
         for conn in conns:  # the clients go away
             try:
@@ -289,7 +293,7 @@ def test_sync_clients_that_go_away_free_the_server_at_once(server_pool) -> None:
     noticed_s = time.monotonic() - t_gone
     after_s = timed_sync(server)
     log = server.log_text()
-    started_after = sum(1 for line in log[log_mark:].splitlines() if START.search(line)) - 1  # minus the quick one
+    started_after = len(placements(server, mark, kind="start")) - 1  # minus the quick one
     report("client_loss", clients=N_GONE, queued_when_gone=depth, all_cancelled_after_s=round(noticed_s, 2),
            quick_idle_s=round(baseline, 2), quick_after_s=round(after_s, 2), long_alone_s=round(long_s, 2),
            queued_started_after_gone=started_after)
@@ -365,8 +369,8 @@ def test_routes_answer_storage_faults_without_leaking_capacity(tmp_path: Path, m
 
     from omni_ext.api import images
 
-    async def generate(request, p, request_id):  # vLLM-Omni's engine call, stubbed as in test_admission
-        return [Image.new("RGB", (32, 32))] * p["n"]
+    async def generate(request, spec, request_id):  # vLLM-Omni's engine call, stubbed as in test_admission
+        return [Image.new("RGB", (32, 32))] * spec.n
 
     monkeypatch.setattr(images, "_generate", generate)
     with serve_in_process(tmp_path, ModelLimits("WanPipeline", 16, 1, True)) as (client, state, _, _, _):
@@ -500,40 +504,59 @@ def test_unwritable_media_directory_fails_jobs_with_storage_error(server_pool) -
 
 
 # ---- restart with a full queue -----------------------------------------------------------------------
-# 100 steps at 64x64x9 (over a second each on wan-drill's worker): none finishes while the 24 are
+# 100 steps at 64x64x9 (over a second each on a drill server's worker): none finishes while the 24 are
 # sent (which would free a place and let a 25th in), the queue is still full at the restart, and 24
 # of them are predicted well inside the 600 s bound (so "full" is max_queued's 24, not the bound).
 QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 100, "negative_prompt": "blurry"}
 
 
-@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
-def test_restart_with_a_full_queue_keeps_every_promise(server_pool, kill: bool) -> None:
-    """Fill wan-drill up to ``max_queued`` (24; the next create gets 429), stop it (SIGTERM to its
-    process group, as an operator or systemd does; or SIGKILL, as the OOM killer or a lost host
-    does) and start it again: every admitted job is completed (and its mp4 decodes) or failed
-    ``server_restarted``, none is left queued or running, the finished job from before is intact,
-    and the new process serves."""
-    server = server_pool.get("wan-drill", quiet=True)
-    wait_idle(server)
-    done_id, done_mp4 = completed_video(server, seed=41)
-    ids, refused = fill(server, limit=40, **QUEUED)
-    assert refused is not None and refused.json()["error"]["code"] == "queue_full", "the queue never filled"
-    assert "max_queued" in refused.json()["error"]["message"] and len(ids) == 24, (len(ids), refused.text)
-    old = server
-    t0 = time.monotonic()
-    server = server_pool.restart("wan-drill", kill=kill)
-    restart_s = time.monotonic() - t0
-    listed = {v["id"]: v for v in requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]}
-    states = {i: listed[i]["status"] for i in ids}
-    assert set(states.values()) <= {"completed", "failed"}, states
-    for i in ids:
-        if states[i] == "failed":
-            assert listed[i]["error"]["code"] == "server_restarted", listed[i]
-        else:
-            assert decode_mp4(content(server, i).content) == (9, 64, 64)
-    assert listed[done_id]["status"] == "completed" and content(server, done_id).content == done_mp4
-    completed_video(server, seed=42)
-    report(f"restart_full_queue[{'sigkill' if kill else 'sigterm'}]", admitted=len(ids), completed=sum(1 for s in states.values() if s == "completed"),
-           failed_server_restarted=sum(1 for s in states.values() if s == "failed"),
-           restart_s=round(restart_s, 1), old_exit_code=old.proc.returncode)
-    assert states and sum(1 for s in states.values() if s == "failed") >= 1  # the restart did interrupt the queue
+#: The restart server's media lifetime (not the default 86400): ``expires_at`` shows the setting survives.
+RESTART_TTL_S = 3600
+
+
+@pytest.fixture
+def restart_server_alone(tiny_models, tmp_path: Path):
+    """A server for the restart drill alone, configured as wan-drill (a plain data directory)."""
+    with own_servers(tiny_models["wan2.1-t2v"], tmp_path,
+                     {"restart": (DRILL_ARGS, {**DRILL_ENV, "OMNI_EXT_API_TTL_S": str(RESTART_TTL_S)})}) as servers:
+        yield servers["restart"]
+
+
+@pytest.mark.server
+def test_restart_with_a_full_queue_keeps_every_promise(restart_server_alone: ServeProcess) -> None:
+    """Twice on one server of this test's own: fill it up to ``max_queued`` (24; the next create gets
+    429), stop it (first SIGTERM to its process group, as an operator or systemd does; then SIGKILL,
+    as the OOM killer or a lost host does) and start it again: every admitted job is completed (and its
+    mp4 decodes) or failed ``server_restarted``, none is left queued or running, the job that was
+    generating at a SIGKILL is ``server_restarted``, the finished job from before is intact (with its
+    ``expires_at``), and the new process serves."""
+    server = restart_server_alone
+    for kill in (False, True):
+        name = "sigkill" if kill else "sigterm"
+        done_id, done_mp4 = completed_video(server, seed=41 + 2 * kill)
+        ids, refused = fill(server, limit=40, **QUEUED)
+        assert refused is not None and refused.json()["error"]["code"] == "queue_full", "the queue never filled"
+        assert "max_queued" in refused.json()["error"]["message"] and len(ids) == 24, (len(ids), refused.text)
+        running = wait_running(server, ids[0])  # one slot: the first is mid-generation at the stop
+        assert running["status"] == "in_progress", running
+        t0 = time.monotonic()
+        old_exit_code = restart_server(server, kill=kill)
+        restart_s = time.monotonic() - t0
+        listed = {v["id"]: v for v in requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]}
+        states = {i: listed[i]["status"] for i in ids}
+        assert set(states.values()) <= {"completed", "failed"}, states
+        for i in ids:
+            if states[i] == "failed":
+                assert listed[i]["error"]["code"] == "server_restarted", listed[i]
+            else:
+                assert decode_mp4(content(server, i).content) == (9, 64, 64)
+        if kill:
+            assert listed[ids[0]]["status"] == "failed", listed[ids[0]]
+        done = listed[done_id]
+        assert done["status"] == "completed" and content(server, done_id).content == done_mp4
+        assert done["expires_at"] == done["completed_at"] + RESTART_TTL_S, done
+        completed_video(server, seed=42 + 2 * kill)
+        report(f"restart_full_queue[{name}]", admitted=len(ids), completed=sum(1 for s in states.values() if s == "completed"),
+               failed_server_restarted=sum(1 for s in states.values() if s == "failed"),
+               restart_s=round(restart_s, 1), old_exit_code=old_exit_code)
+        assert states and sum(1 for s in states.values() if s == "failed") >= 1  # the restart did interrupt the queue

@@ -5,7 +5,7 @@ no hang when a remote replica dies (``replica-send-nonblocking``), admission ove
   arrival, round robin; with the patch only as many as there are free slots, longest first, the next
   when one finishes, an aborted queued request never, a failed send once more elsewhere.
 - A real ZMQ PUSH socket with no peer: the stock blocking send hangs; the patched one raises.
-- Real servers: two replicas in one server (``wan-rep2``, deploy YAML ``num_replicas: 2``), and the
+- Real servers of these tests' own: two replicas in one server (deploy YAML ``num_replicas: 2``), and the
   multi-machine mode on loopback (a head with its own replica and two headless replicas, Wan; a head
   and one headless replica, Qwen-Image), driven with the official ``openai`` SDK: every replica gets
   work, killing a replica mid-burst fails only its job (``replica_lost``) while the others finish,
@@ -28,10 +28,11 @@ from types import SimpleNamespace
 import pytest
 import requests
 
+from tests.helpers import events_mark, placements
+from tests.helpers import REPLICAS2_DEPLOY, own_server
 from tests.media import decode_mp4, decode_png
 
 TUNED = "omni_ext.executor.TunedExecutor"
-DISPATCH = re.compile(r"omni-ext dispatch: (\S+) -> stage-0 replica (\d+)")
 HEARTBEAT_S = 6.0
 
 
@@ -207,22 +208,24 @@ def wait_jobs(url: str, ids: list[str], timeout: float = 240.0) -> dict[str, dic
     return out
 
 
-def dispatches(log: str) -> list[tuple[str, int]]:
-    return [(m.group(1), int(m.group(2))) for m in DISPATCH.finditer(log)]
+def dispatches(server, after: float = 0.0) -> list[tuple[str, int]]:
+    """(engine request id, stage-0 replica) the head's dispatcher bound, in order, from the server's
+    placement journal (``GET /v1/omni_ext/placements``), after the cursor ``after`` (:func:`events_mark`)."""
+    return [(e["request_id"], e["replica"]) for e in placements(server, after, kind="bind") if e["stage"] == 0]
 
 
-def bound_jobs(log: str, job_ids: list[str]) -> dict[str, int]:
+def bound_jobs(server, job_ids: list[str]) -> dict[str, int]:
     """Which of ``job_ids`` the head has bound so far, and to which replica (the latest binding)."""
     out = {}
-    for rid, r in dispatches(log):
+    for rid, r in dispatches(server):
         for j in job_ids:
             if rid.startswith(j + "-"):
                 out[j] = r
     return out
 
 
-def replica_of(log: str, job_id: str) -> int:
-    return next(r for rid, r in dispatches(log) if rid.startswith(job_id + "-"))
+def replica_of(server, job_id: str) -> int:
+    return next(r for rid, r in dispatches(server) if rid.startswith(job_id + "-"))
 
 
 def wait_until(cond, timeout: float, what: str) -> None:
@@ -237,10 +240,24 @@ def sdk(url: str):
     return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
+@pytest.fixture
+def replicas2(tiny_models, tmp_path: Path) -> Iterator:
+    """A server of its own with two replicas of one TunedExecutor worker each (deploy YAML ``num_replicas: 2``)."""
+    with own_server(tiny_models["wan2.1-t2v"], tmp_path / "rep2", deploy=REPLICAS2_DEPLOY) as server:
+        yield server
+
+
 @pytest.mark.server
-def test_two_replicas_in_one_server_share_a_burst(server_pool) -> None:
-    server = server_pool.get("wan-rep2")
-    before = len(dispatches(server.log_text()))
+def test_two_replicas_in_one_server_share_a_burst_and_survive_losing_one(replicas2) -> None:
+    """One scenario on a server of this test's own (it ends by killing a replica, so nothing shares it):
+    admission counts both replicas' slots, a burst reaches both, then SIGKILL of one replica process
+    while both run a long job fails only that job and the server keeps serving."""
+    import psutil
+
+    server = replicas2
+    assert "omni-ext scheduler (API): 2 slot(s)" in server.log_text()
+    # A burst through the official SDK: every replica gets work.
+    before = events_mark(server)
     client = sdk(server.url)
     extra = {"num_inference_steps": 8, "negative_prompt": "blurry", "fps": 8}
     jobs = [client.videos.create(prompt=f"a fox {i}", size="64x64", seconds="1",
@@ -249,26 +266,13 @@ def test_two_replicas_in_one_server_share_a_burst(server_pool) -> None:
     assert all(e["status"] == "completed" for e in ends.values()), ends
     for j in jobs[:2]:
         assert decode_mp4(client.videos.download_content(j.id).read())[1:] == (64, 64)
-    sent = dispatches(server.log_text())[before:]
-    assert {r for _, r in sent} == {0, 1}, sent  # every replica got work
-
-
-@pytest.mark.server
-def test_two_replicas_admission_counts_both(server_pool) -> None:
-    server = server_pool.get("wan-rep2")
-    assert "omni-ext scheduler (API): 2 slot(s)" in server.log_text()
-
-
-@pytest.mark.server
-def test_a_dead_replica_fails_only_its_job_and_the_server_keeps_serving(server_pool) -> None:
-    """Last test on wan-rep2: SIGKILL one replica process while both run a long job."""
-    import psutil
-
-    server = server_pool.get("wan-rep2")
+    sent = dispatches(server, before)
+    assert {r for _, r in sent} == {0, 1}, sent
+    # A replica dies mid-job.
     ids = [post_video(server.url, 33, 8, i) for i in range(3)]  # ~15 s each in bfloat16
-    wait_until(lambda: len(bound_jobs(server.log_text(), ids)) >= 2, 60, "two jobs bound")
+    wait_until(lambda: len(bound_jobs(server, ids)) >= 2, 60, "two jobs bound")
     log = server.log_text()
-    victim_replica = replica_of(log, ids[0])  # replicas 0 and 1 were started in that order
+    victim_replica = replica_of(server, ids[0])  # replicas 0 and 1 were started in that order
     pids = [int(p) for p in re.findall(r"loaded in StageDiffusionProc \(pid (\d+)", log)]
     procs = sorted((psutil.Process(p) for p in pids if psutil.pid_exists(p)), key=lambda p: p.create_time())
     assert len(procs) == 2, pids
@@ -285,8 +289,9 @@ def test_a_dead_replica_fails_only_its_job_and_the_server_keeps_serving(server_p
 
 
 # ---- multi-machine mode on loopback --------------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture
 def multihost(tiny_models, tmp_path_factory) -> Iterator:
+    """A head with its own replica and two headless replicas (Wan), for one test: it kills and restarts one."""
     import os
 
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
@@ -306,9 +311,13 @@ def multihost(tiny_models, tmp_path_factory) -> Iterator:
 
 
 @pytest.mark.server
-def test_multihost_burst_reaches_every_replica(multihost) -> None:
-    client = sdk(multihost.url)
-    before = len(dispatches(multihost.head.log_text()))
+def test_multihost_burst_then_replica_loss_fails_only_its_job_then_it_rejoins(multihost) -> None:
+    """One scenario on the multi-machine servers (it kills and restarts a headless replica, so no other
+    test shares them and none depends on running before it): a burst reaches every replica, then one
+    headless replica is SIGKILLed mid-job, and restarted."""
+    url = multihost.url
+    client = sdk(url)
+    before = events_mark(multihost.head)
     extra = {"num_inference_steps": 8, "negative_prompt": "blurry", "fps": 8}
     jobs = [client.videos.create(prompt=f"a fox {i}", size="64x64", seconds="1",
                                  extra_body={**extra, "num_frames": f, "seed": i})
@@ -316,17 +325,12 @@ def test_multihost_burst_reaches_every_replica(multihost) -> None:
     ends = wait_jobs(multihost.url, [j.id for j in jobs])
     assert all(e["status"] == "completed" for e in ends.values()), ends
     assert decode_mp4(client.videos.download_content(jobs[0].id).read()) == (33, 64, 64)
-    assert {r for _, r in dispatches(multihost.head.log_text())[before:]} == {0, 1, 2}
+    assert {r for _, r in dispatches(multihost.head, before)} == {0, 1, 2}
     assert "omni-ext scheduler (API): a replica joined; admission now counts 3 slot(s)" in multihost.head.log_text()
-
-
-@pytest.mark.server
-def test_multihost_replica_loss_fails_only_its_job_then_it_rejoins(multihost) -> None:
-    url = multihost.url
+    # A headless replica dies while every replica runs a long job.
     ids = [post_video(url, 33, 200, 10 + i) for i in range(3)]  # long jobs: one per replica
-    wait_until(lambda: len(bound_jobs(multihost.head.log_text(), ids)) >= 3, 60, "three jobs bound")
-    log = multihost.head.log_text()
-    on = {i: replica_of(log, i) for i in ids}
+    wait_until(lambda: len(bound_jobs(multihost.head, ids)) >= 3, 60, "three jobs bound")
+    on = {i: replica_of(multihost.head, i) for i in ids}
     victim_index = 0
     dead = multihost.replica_id(victim_index)
     victim_job = next(i for i, r in on.items() if r == dead)  # the job running on that headless replica
@@ -352,15 +356,15 @@ def test_multihost_replica_loss_fails_only_its_job_then_it_rejoins(multihost) ->
     assert all(ends[i]["status"] == "completed" for i in ids + more if i != victim_job), ends
     assert set(healthy) == {200}, healthy
     head_log = multihost.head.log_text()
-    assert all(r != dead for rid, r in dispatches(head_log) if any(rid.startswith(i + "-") for i in more))
+    assert all(r != dead for rid, r in dispatches(multihost.head) if any(rid.startswith(i + "-") for i in more))
     assert "admission now counts 2 slot(s)" in head_log
     # The replica's host comes back: it registers again and gets work.
     multihost.restart_replica(victim_index, timeout=300)
-    before = len(dispatches(multihost.head.log_text()))
+    before = events_mark(multihost.head)
     ids = [post_video(url, 33, 8, 40 + i) for i in range(6)]
     ends = wait_jobs(url, ids)
     assert all(e["status"] == "completed" for e in ends.values()), ends
-    replicas = {r for _, r in dispatches(multihost.head.log_text())[before:]}
+    replicas = {r for _, r in dispatches(multihost.head, before)}
     rejoined = multihost.replica_id(victim_index)
     assert len(replicas) == 3 and rejoined in replicas, (replicas, rejoined)
     assert "admission now counts 3 slot(s)" in multihost.head.log_text().split("attached remote replica")[-1]
@@ -389,4 +393,4 @@ def test_multihost_images_through_the_head(tiny_models, tmp_path: Path) -> None:
         with ThreadPoolExecutor(4) as ex:
             pngs = list(ex.map(one, range(4)))
         assert all(decode_png(p).shape[:2] == (64, 64) for p in pngs)
-        assert {r for _, r in dispatches(mh.head.log_text())} == {0, 1}
+        assert {r for _, r in dispatches(mh.head)} == {0, 1}
