@@ -58,13 +58,6 @@ class QueueView:
     position: int
     wait_s: float | None
 
-    def fields(self, now_wall: float) -> dict[str, Any]:
-        """``queue_position``, ``predicted_wait_s`` and ``predicted_start_at`` (unix seconds) for a video object."""
-        known = self.wait_s is not None
-        return {"queue_position": self.position,
-                "predicted_wait_s": round(self.wait_s, 1) if known else None,
-                "predicted_start_at": int(round(now_wall + self.wait_s)) if known else None}
-
 
 @dataclass
 class Admitted:
@@ -77,6 +70,7 @@ class Admitted:
     queue: RequestQueue
     job_id: str
     decision: Decision
+    view: QueueView  # the job's place as admission decided it (what the first answer shows)
 
     @property
     def wait_s(self) -> float:
@@ -85,11 +79,6 @@ class Admitted:
     @property
     def position(self) -> int:
         return self.decision.position
-
-    def view(self) -> QueueView:
-        """The job's :class:`QueueView` as admission decided it (what the first answer shows)."""
-        known = self.queue.cost.rate() is not None
-        return QueueView(self.decision.position, self.decision.wait_s if known else None)
 
     def started(self) -> None:
         self.queue.mark_started(self.job_id)
@@ -164,7 +153,8 @@ class RequestQueue:
         self.jobs.add(entry)
         metrics.ADMITTED.inc()
         metrics.PREDICTED_WAIT.observe(decision.wait_s)
-        return Admitted(self, job_id, decision)
+        known = self.jobs.cost.rate() is not None
+        return Admitted(self, job_id, decision, QueueView(decision.position, decision.wait_s if known else None))
 
     def mark_started(self, job_id: str) -> None:
         """vLLM-Omni's ``on_started``: the engine handed the job on (its start, except under the TunedExecutor)."""

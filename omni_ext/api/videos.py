@@ -281,7 +281,10 @@ def video_object(job: Job, view: QueueView | None = None) -> dict[str, Any]:
         if key in job.meta:
             obj[key] = job.meta[key]
     if view is not None:
-        obj.update(view.fields(time.time()))
+        known = view.wait_s is not None
+        obj.update({"queue_position": view.position,
+                    "predicted_wait_s": round(view.wait_s, 1) if known else None,
+                    "predicted_start_at": int(round(time.time() + view.wait_s)) if known else None})
     return obj
 
 
@@ -316,7 +319,7 @@ async def create_video(request: Request) -> JSONResponse:
         raise
     state.admitted[job.id] = admitted
     state.tasks[job.id] = asyncio.create_task(_run_job(state, backend.handler, job, spec, admitted))
-    view = admitted.view()
+    view = admitted.view
     logger.info("omni-ext video %s queued (%s, %s frames, %s steps, priority %d, predicted start in %.1f s, %d ahead)",
                 job.id, job.size, spec.frames, spec.steps, spec.priority, admitted.decision.wait_s, view.position)
     # Its view is the admission's decision, made a moment ago on the same account.
