@@ -24,7 +24,7 @@ WAN = ModelLimits("WanPipeline", 16, 1, True)
 #: Functions that build state at start-up; none may run while a request is served.
 START_UP = {"init_state", "request_queue", "load_settings", "limits_for_model", "resolve_video_backend",
             "configured_defaults", "native_video_defaults", "server_layout", "scheduler_config"}
-MAX_STAYS, MAX_RETURNS = 35, 22
+MAX_STAYS, MAX_RETURNS = 33, 20
 
 
 def trace_create_video(tmp_path: Path) -> list[tuple[str, list[str]]]:

@@ -153,7 +153,7 @@ class RequestQueue:
         self.jobs.add(entry)
         metrics.ADMITTED.inc()
         metrics.PREDICTED_WAIT.observe(decision.wait_s)
-        known = self.jobs.cost.rate() is not None
+        known = entry.ticket.predicted_s is not None  # priced: a rate is known
         return Admitted(self, job_id, decision, QueueView(decision.position, decision.wait_s if known else None))
 
     def mark_started(self, job_id: str) -> None:
