@@ -16,18 +16,15 @@ from typing import Any
 import yaml
 
 from omni_ext.models.families import FAMILIES, CfgRule, ModelFamily, family_of
+from omni_ext.scheduler.layout import Parallel
 
 
 @dataclass(frozen=True)
-class Topology:
-    """How one deployment uses its devices: ``replicas`` engines, each ``cfg x ulysses x ring x tp`` ranks."""
+class Topology(Parallel):
+    """How one deployment uses its devices: ``replicas`` engines, each ``cfg x ulysses x ring x tp``
+    ranks (the parallel sizes of one replica: :class:`omni_ext.scheduler.layout.Parallel`)."""
 
     replicas: int = 1
-    cfg: int = 1
-    ulysses: int = 1
-    ring: int = 1
-    tp: int = 1
-    vae_patch: int = 1
 
     @property
     def ranks_per_replica(self) -> int:

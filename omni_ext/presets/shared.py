@@ -9,6 +9,7 @@ CFG follows the family table (:func:`omni_ext.models.families.needs_cfg`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +90,5 @@ def tuned_refusal(spec: ModelSpec, topo: Topology, engine: dict[str, Any] | None
     family = spec.family
     if family is None or family.tuned_class is None:
         return f"{spec.label} has no omni-ext tuned pipeline (omni_ext/models/families.py tuned_class)"
-    refusal = layout.tuned_refusal(layout.Parallel(
-        cfg=topo.cfg, tp=topo.tp, ulysses=topo.ulysses, ring=topo.ring, vae_patch=topo.vae_patch,
-        step_execution=bool((engine or {}).get("step_execution"))))
+    refusal = layout.tuned_refusal(dataclasses.replace(topo, step_execution=bool((engine or {}).get("step_execution"))))
     return None if refusal is None else refusal.reason
