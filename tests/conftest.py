@@ -159,10 +159,13 @@ class ServerPool:
         return self.procs[name]
 
     def stop(self) -> None:
+        """Stops every server at once: each takes 3-4 s to shut down (mostly waiting on its workers), so
+        one after another the dozen of them held the end of a run for ~26 s."""
         import subprocess
+        from concurrent.futures import ThreadPoolExecutor
 
-        for proc in self.procs.values():
-            proc.stop()
+        with ThreadPoolExecutor(max(1, len(self.procs))) as ex:
+            list(ex.map(lambda proc: proc.stop(), self.procs.values()))
         for mounted in self.tmpfs.values():
             if isinstance(mounted, Path):
                 subprocess.run(["umount", "-l", str(mounted)], capture_output=True, timeout=30)
