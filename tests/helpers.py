@@ -24,7 +24,7 @@ from omni_ext.api.queue import RequestQueue
 from omni_ext.models.families import job_shape
 from omni_ext.api.settings import load_settings
 from omni_ext.api.state import ApiState, VideoBackend
-from omni_ext.api.validation import ModelLimits
+from omni_ext.api.intake import ModelLimits
 from omni_ext.progress import StepProgress
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.server_process import ServeProcess

@@ -24,14 +24,13 @@ from prometheus_client import REGISTRY, generate_latest
 from omni_ext.api import limits
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, retry_headers, too_busy
-from omni_ext.api.forms import Body, priority_of
+from omni_ext.api.intake import Body, build_image_request, build_video_request, priority_of
 from omni_ext.scheduler.layout import ServerLayout, server_layout
-from omni_ext.api.forms import with_priority
+from omni_ext.api.intake import with_priority
 from omni_ext.models.families import job_shape
-from omni_ext.scheduler.order import PRIORITY_ARG
+from omni_ext.scheduler.priority import PRIORITY_ARG
 from omni_ext.api.state import request_queue
-from omni_ext.api.validation import ModelLimits
-from omni_ext.api.videos import build_video_request
+from omni_ext.api.intake import ModelLimits
 from omni_ext.models import families
 from omni_ext.progress import StepProgress
 from tests.helpers import JOB, SHAPE, Engine, api_state, fake_queue, fill, scrape, serve_in_process, wait_all, wait_idle
@@ -330,7 +329,7 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
         assert resp.status_code == 200 and len(resp.json()["data"]) == 2
         assert seen == [(-2, True)] and not state.queue.jobs  # accounted while it ran, gone after
         assert sample("omni_ext:job_seconds_count", model="tiny") == learned + 1
-        shape = images.parse_generation(body, state)[0].shape
+        shape = build_image_request(body, state)[0].shape
         assert shape.units == 2 * 24 and state.queue.cost.rate(shape.key) == pytest.approx(0.5 / shape.units, rel=0.05)
         state.queue.admit("video_long", 0, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
         full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind a ~40 s job

@@ -16,12 +16,13 @@ import pytest
 from omni_ext import progress
 from omni_ext.api import limits, schemas
 from omni_ext.api.errors import APIError
-from omni_ext.api.forms import Body, _set_nested, bounded_int, parse_size
+from omni_ext.api.intake import Body, _set_nested, bounded_int, build_video_request, parse_size
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.settings import load_settings
 from omni_ext.api.state import ApiState, get_state, native_video_defaults, resolve_video_backend, video_state
-from omni_ext.api.validation import ModelLimits, limits_for_model
-from omni_ext.api.videos import build_video_request, poll_after_ms
+from omni_ext.api.intake import ModelLimits
+from omni_ext.api.validation import limits_for_model
+from omni_ext.api.videos import poll_after_ms
 from tests.helpers import api_state
 
 
@@ -214,18 +215,18 @@ def test_video_route_enforces_what_the_schema_says(tmp_path: Path, name: str, va
 
 @pytest.mark.parametrize("name,value,accepted", _edges(IMAGE_BOUNDS))
 def test_image_route_enforces_what_the_schema_says(tmp_path: Path, name: str, value, accepted: bool) -> None:
-    from omni_ext.api.images import parse_generation
+    from omni_ext.api.intake import build_image_request
 
     state = api_state(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False))
     if accepted:
-        spec, reply = parse_generation({"prompt": "x", name: value}, state)
+        spec, reply = build_image_request({"prompt": "x", name: value}, state)
         _, params = spec.request
         parsed = {"n": spec.n, "output_compression": reply.output_compression, "num_inference_steps": spec.steps,
                   "priority": spec.priority}.get(name, getattr(params, name, None))
         assert parsed == value
     else:
         with pytest.raises(APIError) as err:
-            parse_generation({"prompt": "x", name: value}, state)
+            build_image_request({"prompt": "x", name: value}, state)
         assert err.value.status == 400 and name in err.value.message + str(err.value.param)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from omni_ext.scheduler import replicas as policy
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.order import Ticket
+from omni_ext.scheduler.admission import Ticket
 
 CONFIG = SchedulerConfig(settle_s=0.05)
 
@@ -114,7 +114,7 @@ def test_mixed_burst_near_its_bound_where_round_robin_is_not(frames: list[int]) 
 def test_waited_seconds_travel_in_extra_args(raw, expected: float) -> None:
     from types import SimpleNamespace
 
-    from omni_ext.scheduler.order import WAITED_ARG, request_waited_s
+    from omni_ext.scheduler.priority import WAITED_ARG, request_waited_s
 
     sp = SimpleNamespace(extra_args={} if raw is None else {WAITED_ARG: raw})
     assert request_waited_s(sp) == expected

@@ -40,7 +40,7 @@ import requests
 
 from omni_ext.api.errors import StorageError, storage, storage_failure
 from omni_ext.api.jobs import Job, JobStore
-from omni_ext.api.validation import ModelLimits
+from omni_ext.api.intake import ModelLimits
 from omni_ext.server_process import ServeProcess
 from tests.helpers import (
     DRILL_ARGS, DRILL_ENV, events_mark, fill, new_events, own_servers, placements, restart_server, scrape,

@@ -197,7 +197,7 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
 def test_request_priority_from_extra_args(raw, expected: int) -> None:
     from types import SimpleNamespace
 
-    from omni_ext.scheduler.order import request_priority
+    from omni_ext.scheduler.priority import request_priority
 
     assert request_priority("r-1", SimpleNamespace(extra_args={} if raw is None else {"omni_ext_priority": raw})) == expected
 

@@ -117,7 +117,7 @@ def test_dispatch_binds_when_a_slot_frees_longest_first(pool_and_clients) -> Non
         await asyncio.sleep(0.1)
         await asyncio.sleep(0)  # the send tasks
         assert sorted(c0.sent + c1.sent) == ["r1-81", "r3-81"]  # one per replica, the longest first
-        from omni_ext.scheduler.order import request_waited_s
+        from omni_ext.scheduler.priority import request_waited_s
 
         # The replica's executor is told how long the request waited here (aging, no second settle).
         assert request_waited_s(c0.params[c0.sent[0]]) >= 0.05

@@ -164,7 +164,7 @@ from omni_ext.scheduler import admission as adm  # noqa: E402
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig, scheduler_config  # noqa: E402
 from omni_ext.models.families import shape_key  # noqa: E402
 from omni_ext.scheduler.cost import CostModel, remaining_s  # noqa: E402
-from omni_ext.scheduler.order import Ticket, effective_priority, in_order  # noqa: E402
+from omni_ext.scheduler.admission import Ticket, effective_priority, in_order  # noqa: E402
 
 
 def test_options_come_from_additional_config_and_typos_fail() -> None:

@@ -1,9 +1,9 @@
 """OpenAI-compatible ``/v1/images/generations`` (``b64_json`` and ``url``) and ``/v1/images/edits``.
 
 The engine call is vLLM-Omni's (same prompt and sampling-parameter construction as its own route);
-added here: ``response_format=url`` served from durable storage by ``GET /v1/images/{id}/content``,
-validation and admission (429 past the scheduler's bound) before anything is queued, ``priority``,
-the generation accounted in the server's queue while it runs (and aborted if the client goes
+added here (the request checked by :mod:`omni_ext.api.intake`): ``response_format=url`` served
+from durable storage by ``GET /v1/images/{id}/content``, admission (429 past the scheduler's bound)
+before anything is queued, the generation accounted in the server's queue while it runs (and aborted if the client goes
 away), encoding off the event loop, and OpenAI-style errors.
 """
 
@@ -12,11 +12,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-import random
 import sqlite3
 import time
 import uuid
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -25,99 +23,13 @@ from fastapi.responses import JSONResponse, Response
 
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
-from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
-from omni_ext.api.forms import (
-    Body, optional_float, optional_int, parse_body, parse_size, priority_of, request_fields, with_priority,
-)
+from omni_ext.api.errors import APIError, StorageError, generation_error, storage
+from omni_ext.api.intake import ImageReply, read_image_request
 from omni_ext.api.jobs import Job, JobSpec
-from omni_ext.api.limits import MAX_COMPRESSION, MAX_OUTPUTS, MAX_SEED, MAX_STEPS, MIN_STEPS
 from omni_ext.api.state import ApiState, engine_client, get_state, now
-from omni_ext.api.validation import InvalidRequest, check_request
-from omni_ext.models.families import job_shape
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
-
-_ACCEPTED = {
-    "prompt", "model", "n", "size", "response_format", "output_format", "output_compression", "quality", "style",
-    "background", "moderation", "user", "stream", "partial_images",
-    # vLLM-Omni extensions
-    "negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "generator_device",
-    "extra_params", "flow_shift", "priority",
-}
-
-
-@dataclass(frozen=True)
-class ImageReply:
-    """How a generation's images go back to the client."""
-
-    response_format: str  # ``b64_json`` or ``url``
-    output_format: str  # ``png``, ``jpeg`` or ``webp``
-    output_compression: int | None
-
-
-def parse_generation(fields: dict[str, Any], state: ApiState) -> tuple[JobSpec, ImageReply]:
-    """A generation request, parsed and checked (bounds, then the served model's limits) before any work:
-    its :class:`~omni_ext.api.jobs.JobSpec` (vLLM-Omni's prompt and sampling parameters, as its own
-    route builds them, with ``priority`` in their extra arguments) and how to answer it."""
-    from vllm_omni.inputs.data import OmniDiffusionSamplingParams, OmniTextPrompt
-
-    _, prompt = request_fields(Body(fields), accepted=_ACCEPTED, served=(state.model_name, state.model_path))
-    if fields.get("stream") not in (None, False, "false"):
-        raise bad_request("Streaming image generation is not supported by this server.", "stream",
-                          "unsupported_parameter")
-    fmt = fields.get("response_format") or "b64_json"
-    if not isinstance(fmt, str) or fmt not in ("b64_json", "url"):
-        raise bad_request("'response_format' must be 'b64_json' or 'url'.", "response_format")
-    out_fmt = fields.get("output_format") or "png"
-    if not isinstance(out_fmt, str) or out_fmt not in media.IMAGE_TYPES:
-        raise bad_request("'output_format' must be 'png', 'jpeg' or 'webp'.", "output_format")
-    for name in ("negative_prompt", "generator_device"):
-        if fields.get(name) is not None and not isinstance(fields[name], str):
-            raise bad_request(f"'{name}' must be a string.", name)
-    width = height = None
-    if fields.get("size") not in (None, "auto"):
-        width, height = parse_size(fields["size"])
-    n = optional_int(fields, "n", 1, MAX_OUTPUTS, 1)
-    reply = ImageReply(fmt, out_fmt, optional_int(fields, "output_compression", 0, MAX_COMPRESSION))
-    steps = optional_int(fields, "num_inference_steps", MIN_STEPS, MAX_STEPS)
-    guidance_scale = optional_float(fields, "guidance_scale")
-    true_cfg_scale = optional_float(fields, "true_cfg_scale")
-    seed = optional_int(fields, "seed", 0, MAX_SEED)
-    flow_shift = optional_float(fields, "flow_shift")
-    priority = priority_of(fields)
-    extra_params = fields.get("extra_params")
-    if extra_params is not None and not isinstance(extra_params, dict):
-        raise bad_request("'extra_params' must be an object.", "extra_params")
-    try:
-        check_request(state.limits, width=width, height=height, steps=steps, n=n,
-                      guidance={"guidance_scale": guidance_scale, "true_cfg_scale": true_cfg_scale})
-    except InvalidRequest as exc:
-        raise bad_request(exc.message, exc.param) from None
-    negative_prompt = fields.get("negative_prompt")
-    engine_prompt = OmniTextPrompt(prompt=prompt, modalities=["image"])
-    if negative_prompt is not None:
-        engine_prompt["negative_prompt"] = negative_prompt
-    params = OmniDiffusionSamplingParams(num_outputs_per_prompt=n)
-    extra = with_priority(extra_params, priority) or {}
-    if flow_shift is not None:
-        extra["flow_shift"] = flow_shift
-    if extra:
-        params.extra_args = extra
-    if width is not None:
-        params.width, params.height = width, height
-        engine_prompt["height"], engine_prompt["width"] = height, width
-    for name, value in (("num_inference_steps", steps), ("guidance_scale", guidance_scale),
-                        ("true_cfg_scale", true_cfg_scale), ("generator_device", fields.get("generator_device"))):
-        if value is not None:
-            setattr(params, name, value)
-    params.seed = seed if seed is not None else random.randint(0, MAX_SEED)
-    shape = job_shape(state.limits.pipeline, width=width, height=height, steps=steps, n=n,
-                      negative_prompt=negative_prompt, guidance_scale=guidance_scale, true_cfg_scale=true_cfg_scale)
-    spec = JobSpec(request=(engine_prompt, params), prompt=prompt, shape=shape, priority=priority, width=width,
-                   height=height, steps=steps, n=n)
-    return spec, reply
-
 
 async def _generate(request: Request, spec: JobSpec, request_id: str) -> list[Any]:
     """vLLM-Omni's image generation call; returns PIL images."""
@@ -168,19 +80,10 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
     return JSONResponse({"created": int(time.time()), "data": data, "output_format": fmt, "size": size})
 
 
-def _check_json(request: Request) -> None:
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "application/json":
-        raise APIError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "Send the image generation request as application/json.",
-                       code="unsupported_media_type")
-
-
 @router.post("/v1/images/generations", openapi_extra=schemas.body(schemas.IMAGE_GENERATE))
 async def generate_images(request: Request) -> JSONResponse:
     state = get_state(request)
-    _check_json(request)
-    body = await parse_body(request, state.settings.max_upload_bytes, allow_files=False)
-    spec, reply = parse_generation(body.fields, state)
+    spec, reply = await read_image_request(request, state)
     request_id = f"img_gen-{uuid.uuid4().hex}"
     admitted = state.queue.admit(request_id, spec.priority, spec.shape)  # or 429
     try:

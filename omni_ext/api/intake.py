@@ -1,32 +1,56 @@
-"""Request bodies as clients really send them: JSON, or multipart with SDK-style bracketed keys.
+"""A request as clients send it, checked once, becomes one :class:`~omni_ext.api.jobs.JobSpec`.
 
-- openai-python before 2.27 sends ``videos.create`` as JSON unless a file is attached; 2.27 and
-  later always send multipart/form-data, where ``extra_body`` values arrive as strings
-  (``"4"``, ``"true"``), nested dicts as ``key[sub]`` and lists as ``key[]``.
-- vLLM-Omni's own clients send multipart with JSON-encoded strings for ``extra_params``/``lora``.
-Both become one plain dict here; pydantic then coerces types. Uploads are size-limited while
-being read: a body larger than the limit is refused with 413 before it is read whole.
+Everything a generation request is checked against is here, in the order its first mistake is
+reported, so that a bad request is answered 400 before a job exists and one field is parsed,
+bounded and worded the same way on every route:
 
-The field parsers below (ids, ``size``, bounded numbers, prompt and model) are shared by the video and
-image routes, so that one field is parsed, bounded and worded the same way everywhere. They need
-neither FastAPI nor vLLM-Omni (only :class:`~omni_ext.api.errors.APIError`).
+1. **The body** as clients really send it: JSON, or multipart with SDK-style bracketed keys.
+   openai-python before 2.27 sends ``videos.create`` as JSON unless a file is attached; 2.27 and
+   later always send multipart/form-data, where ``extra_body`` values arrive as strings (``"4"``,
+   ``"true"``), nested dicts as ``key[sub]`` and lists as ``key[]``. vLLM-Omni's own clients send
+   multipart with JSON-encoded strings for ``extra_params``/``lora``. Both become one plain dict;
+   pydantic then coerces types. Uploads are size-limited while being read: a body larger than the
+   limit is refused with 413 before it is read whole.
+2. **The fields** (unknown ones, ids, ``prompt``, ``model``, ``size``, bounded numbers), then
+   vLLM-Omni's own request model.
+3. **The served model's limits** (:func:`check_request`, :class:`ModelLimits`
+   read at start-up): the one rule set behind every route, also applied at the engine's door to
+   the routes omni-ext does not own (:mod:`omni_ext.api.validation`).
+4. **The job**: its :class:`~omni_ext.models.families.JobShape` from the model-family table, and
+   ``priority`` carried in the engine request's extra parameters.
+
+The routes (:mod:`omni_ext.api.videos`, :mod:`omni_ext.api.images`) call :func:`read_video_request`
+or :func:`read_image_request` and get the spec, or the error.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import io
 import json
 import math
+import random
 import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
-from omni_ext.api.errors import APIError, bad_request
-from omni_ext.api.limits import MAX_PRIORITY, MIN_PRIORITY, SIZE_DIGITS
-from omni_ext.scheduler.order import PRIORITY_ARG
+from omni_ext.api import media
+from omni_ext.api.errors import APIError, bad_request, from_pydantic
+from omni_ext.api.jobs import JobSpec
+from omni_ext.api.limits import (
+    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MAX_STEPS,
+    MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
+)
+from omni_ext.models import families
+from omni_ext.models.families import ModelFamily, job_shape
+from omni_ext.scheduler.priority import PRIORITY_ARG
 
 if TYPE_CHECKING:
     from fastapi import Request
+
+    from omni_ext.api.settings import ApiSettings
 
 #: Job and media ids (also what keeps a path parameter out of the file system).
 ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -260,3 +284,298 @@ def with_priority(extra: dict[str, Any] | None, priority: int) -> dict[str, Any]
     if priority:
         out[PRIORITY_ARG] = priority
     return out if out or extra is not None else None
+
+
+# ---- the served model's limits -----------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelLimits:
+    pipeline: str | None
+    spatial_multiple: int  # height and width must be multiples of this (0: unknown, not checked)
+    min_steps: int
+    is_video: bool
+    #: The served pipeline's entry in the model-family table (None: a class omni-ext does not list),
+    #: looked up once with the limits, so that a request reads it without a look-up.
+    family: ModelFamily | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "family", families.family_of(self.pipeline))
+
+
+class Served(Protocol):
+    """What intake reads of the server a request came to (:class:`omni_ext.api.state.ApiState` is one):
+    the served model's names and limits, and the upload limit."""
+
+    model_name: str
+    model_path: str
+    limits: ModelLimits
+    settings: ApiSettings
+
+
+GUIDANCE_FIELDS = ("guidance_scale", "true_cfg_scale", "guidance_scale_2")
+
+
+class InvalidRequest(ValueError):
+    """A request field the model cannot honour; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+def check_request(
+    limits: ModelLimits,
+    *,
+    width: Any = None,
+    height: Any = None,
+    num_frames: Any = None,
+    steps: Any = None,
+    n: Any = 1,
+    guidance: Mapping[str, Any] | None = None,
+) -> None:
+    """Raise :class:`InvalidRequest` for the first value outside the model's limits (None: not set).
+
+    The one rule set behind every route: omni-ext's own routes call it with the fields they parsed
+    (so a bad request is answered before a job exists), the ``validate-diffusion-requests`` patch
+    through :func:`check_sampling_params` for every other route.
+    """
+    if steps is not None:
+        if not isinstance(steps, int) or steps < limits.min_steps or steps > MAX_STEPS:
+            raise InvalidRequest(
+                f"num_inference_steps must be an integer from {limits.min_steps} to {MAX_STEPS} for this model, "
+                f"got {steps!r}",
+                "num_inference_steps",
+            )
+    for name, value in (("height", height), ("width", width)):
+        if value is None:
+            continue
+        if not isinstance(value, int) or value <= 0:
+            raise InvalidRequest(f"{name} must be a positive integer, got {value!r}", name)
+        if limits.spatial_multiple and value % limits.spatial_multiple:
+            raise InvalidRequest(
+                f"{name} must be a multiple of {limits.spatial_multiple} for {limits.pipeline or 'this model'}, "
+                f"got {value} (nearest valid: {max(limits.spatial_multiple, value // limits.spatial_multiple * limits.spatial_multiple)})",
+                "size",
+            )
+    if isinstance(height, int) and isinstance(width, int) and height * width > MAX_PIXELS:
+        raise InvalidRequest(f"size {width}x{height} exceeds the maximum of {MAX_PIXELS} pixels", "size")
+    if limits.is_video and num_frames is not None:
+        if not isinstance(num_frames, int) or num_frames < 1 or num_frames > MAX_FRAMES:
+            raise InvalidRequest(f"num_frames must be an integer from 1 to {MAX_FRAMES}, got {num_frames!r}",
+                                 "num_frames")
+    if n is not None and (not isinstance(n, int) or not 1 <= n <= MAX_OUTPUTS):
+        raise InvalidRequest(f"n must be an integer from 1 to {MAX_OUTPUTS}, got {n!r}", "n")
+    for name, value in (guidance or {}).items():
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0):
+            raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}", name)
+
+
+def _check_limits(limits: ModelLimits, **values: Any) -> None:
+    """:func:`check_request` as a route answers it: 400 naming the field."""
+    try:
+        check_request(limits, **values)
+    except InvalidRequest as exc:
+        raise bad_request(exc.message, exc.param) from None
+
+
+# ---- videos -------------------------------------------------------------------------------------
+#: ``seconds`` on a model whose native fps omni-ext does not know.
+FALLBACK_FPS = 16
+_VIDEO_OWN_FIELDS = {"seconds", "size", "input_reference", "priority"}
+#: Integer fields of a video request bounded here, in the order their errors are reported (after ``size``).
+_VIDEO_INTS = {"priority": (MIN_PRIORITY, MAX_PRIORITY), "seconds": (1, MAX_SECONDS), "fps": (1, MAX_FPS),
+               "seed": (0, MAX_SEED)}
+
+
+@functools.cache
+def _video_request_fields() -> frozenset[str]:
+    from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
+
+    return frozenset(VideoGenerationRequest.model_fields)
+
+
+def _reference_image(body: Body, state: Served) -> Any:
+    """The uploaded ``input_reference`` (file or ``{"image_url": data-URL}``) as a PIL image."""
+    raw: bytes | None = None
+    if "input_reference" in body.files:
+        raw = body.files["input_reference"][2]
+    else:
+        ref = body.fields.get("input_reference")
+        if isinstance(ref, dict) and isinstance(ref.get("image_url"), str):
+            url = ref["image_url"]
+            if not url.startswith("data:") or ";base64," not in url:
+                raise bad_request("input_reference.image_url must be a base64 data URL here "
+                                  "(this server does not fetch remote URLs).", "input_reference")
+            try:
+                raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+            except ValueError:
+                raise bad_request("input_reference.image_url is not valid base64.", "input_reference") from None
+        elif ref is not None:
+            raise bad_request("input_reference must be an image file or {\"image_url\": ...}.", "input_reference")
+    if raw is None:
+        return None
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        img = Image.open(io.BytesIO(raw))
+        img.load()
+    except (UnidentifiedImageError, OSError):
+        raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
+    family = state.limits.family
+    if family is not None and not family.accepts_reference:  # a family omni-ext does not know: let it try
+        raise bad_request(f"The served model ({state.limits.pipeline}) generates from text only and cannot use "
+                          "input_reference.", "input_reference", "unsupported_parameter")
+    return img.convert("RGB")
+
+
+def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> JobSpec:
+    """The request's :class:`~omni_ext.api.jobs.JobSpec`: vLLM-Omni's ``VideoGenerationRequest`` (with
+    ``priority`` in its ``extra_params``), the reference image or None, its size, frames, fps, steps,
+    ``seconds``, ``priority`` and :class:`~omni_ext.models.families.JobShape`.
+
+    ``defaults`` (:attr:`VideoBackend.defaults`) fill what the request leaves out: ``size`` -> width and
+    height, ``seconds`` -> frames at their fps. Every field is checked here, once, so that a bad request
+    is answered 400 before a job exists: omni-ext's own bounds (:mod:`omni_ext.api.limits`), then
+    vLLM-Omni's pydantic model, then the served model's limits.
+    """
+    from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
+
+    limits = state.limits
+    if not limits.is_video:
+        raise bad_request(f"The served model ({limits.pipeline or 'unknown'}) does not generate video; use "
+                          "/v1/images/generations.", None, "unsupported_model")
+    fields, _ = request_fields(body, accepted=_video_request_fields() | _VIDEO_OWN_FIELDS, files=("input_reference",),
+                               served=(state.model_name, state.model_path), size=True, ints=_VIDEO_INTS)
+    if "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
+        fields["width"], fields["height"] = defaults["width"], defaults["height"]
+    priority = fields.pop("priority", None) or 0
+    seconds = fields.pop("seconds", None)
+    if seconds is not None:
+        if fields.get("fps") is None:
+            fields["fps"] = defaults.get("fps", FALLBACK_FPS)
+        temporal = limits.family.latent_temporal if limits.family is not None else 4
+        fields.setdefault("num_frames", seconds * fields["fps"] // temporal * temporal + 1)  # the VAE's 4k+1 frames
+    else:
+        for key in ("fps", "num_frames"):
+            if key in defaults:
+                fields.setdefault(key, defaults[key])
+    ref_image = _reference_image(body, state)
+    fields.pop("input_reference", None)
+    try:
+        vreq = VideoGenerationRequest(**fields)
+    except Exception as exc:  # pydantic.ValidationError
+        raise from_pydantic(exc) from None
+    vp = vreq.resolve_video_params()
+    _check_limits(limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
+                  steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt,
+                  guidance={name: getattr(vreq, name, None) for name in GUIDANCE_FIELDS})
+    vreq.extra_params = with_priority(vreq.extra_params, priority)
+    shape = job_shape(limits.pipeline, width=vp.width, height=vp.height, frames=vp.num_frames,
+                      steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
+                      negative_prompt=vreq.negative_prompt, guidance_scale=vreq.guidance_scale,
+                      guidance_scale_2=vreq.guidance_scale_2, true_cfg_scale=vreq.true_cfg_scale)
+    return JobSpec(
+        request=vreq, prompt=vreq.prompt, shape=shape, priority=priority, width=vp.width, height=vp.height,
+        frames=vp.num_frames, fps=vp.fps, steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
+        seconds=str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
+        reference=ref_image,
+    )
+
+
+async def read_video_request(request: Request, state: Served, defaults: dict[str, int]) -> JobSpec:
+    """The ``POST /v1/videos`` (and ``/sync``) body, read within the upload limit, as its checked spec."""
+    body = await parse_body(request, state.settings.max_upload_bytes)
+    return build_video_request(body, state, defaults)
+
+
+# ---- images -------------------------------------------------------------------------------------
+_IMAGE_FIELDS = {
+    "prompt", "model", "n", "size", "response_format", "output_format", "output_compression", "quality", "style",
+    "background", "moderation", "user", "stream", "partial_images",
+    # vLLM-Omni extensions
+    "negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "generator_device",
+    "extra_params", "flow_shift", "priority",
+}
+
+
+@dataclass(frozen=True)
+class ImageReply:
+    """How a generation's images go back to the client."""
+
+    response_format: str  # ``b64_json`` or ``url``
+    output_format: str  # ``png``, ``jpeg`` or ``webp``
+    output_compression: int | None
+
+
+def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec, ImageReply]:
+    """A generation request, parsed and checked (bounds, then the served model's limits) before any work:
+    its :class:`~omni_ext.api.jobs.JobSpec` (vLLM-Omni's prompt and sampling parameters, as its own
+    route builds them, with ``priority`` in their extra arguments) and how to answer it."""
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams, OmniTextPrompt
+
+    _, prompt = request_fields(Body(fields), accepted=_IMAGE_FIELDS, served=(state.model_name, state.model_path))
+    if fields.get("stream") not in (None, False, "false"):
+        raise bad_request("Streaming image generation is not supported by this server.", "stream",
+                          "unsupported_parameter")
+    fmt = fields.get("response_format") or "b64_json"
+    if not isinstance(fmt, str) or fmt not in ("b64_json", "url"):
+        raise bad_request("'response_format' must be 'b64_json' or 'url'.", "response_format")
+    out_fmt = fields.get("output_format") or "png"
+    if not isinstance(out_fmt, str) or out_fmt not in media.IMAGE_TYPES:
+        raise bad_request("'output_format' must be 'png', 'jpeg' or 'webp'.", "output_format")
+    for name in ("negative_prompt", "generator_device"):
+        if fields.get(name) is not None and not isinstance(fields[name], str):
+            raise bad_request(f"'{name}' must be a string.", name)
+    width = height = None
+    if fields.get("size") not in (None, "auto"):
+        width, height = parse_size(fields["size"])
+    n = optional_int(fields, "n", 1, MAX_OUTPUTS, 1)
+    reply = ImageReply(fmt, out_fmt, optional_int(fields, "output_compression", 0, MAX_COMPRESSION))
+    steps = optional_int(fields, "num_inference_steps", MIN_STEPS, MAX_STEPS)
+    guidance_scale = optional_float(fields, "guidance_scale")
+    true_cfg_scale = optional_float(fields, "true_cfg_scale")
+    seed = optional_int(fields, "seed", 0, MAX_SEED)
+    flow_shift = optional_float(fields, "flow_shift")
+    priority = priority_of(fields)
+    extra_params = fields.get("extra_params")
+    if extra_params is not None and not isinstance(extra_params, dict):
+        raise bad_request("'extra_params' must be an object.", "extra_params")
+    _check_limits(state.limits, width=width, height=height, steps=steps, n=n,
+                  guidance={"guidance_scale": guidance_scale, "true_cfg_scale": true_cfg_scale})
+    negative_prompt = fields.get("negative_prompt")
+    engine_prompt = OmniTextPrompt(prompt=prompt, modalities=["image"])
+    if negative_prompt is not None:
+        engine_prompt["negative_prompt"] = negative_prompt
+    params = OmniDiffusionSamplingParams(num_outputs_per_prompt=n)
+    extra = with_priority(extra_params, priority) or {}
+    if flow_shift is not None:
+        extra["flow_shift"] = flow_shift
+    if extra:
+        params.extra_args = extra
+    if width is not None:
+        params.width, params.height = width, height
+        engine_prompt["height"], engine_prompt["width"] = height, width
+    for name, value in (("num_inference_steps", steps), ("guidance_scale", guidance_scale),
+                        ("true_cfg_scale", true_cfg_scale), ("generator_device", fields.get("generator_device"))):
+        if value is not None:
+            setattr(params, name, value)
+    params.seed = seed if seed is not None else random.randint(0, MAX_SEED)
+    shape = job_shape(state.limits.pipeline, width=width, height=height, steps=steps, n=n,
+                      negative_prompt=negative_prompt, guidance_scale=guidance_scale, true_cfg_scale=true_cfg_scale)
+    spec = JobSpec(request=(engine_prompt, params), prompt=prompt, shape=shape, priority=priority, width=width,
+                   height=height, steps=steps, n=n)
+    return spec, reply
+
+
+def _check_json(request: Request) -> None:
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise APIError(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "Send the image generation request as application/json.",
+                       code="unsupported_media_type")
+
+
+async def read_image_request(request: Request, state: Served) -> tuple[JobSpec, ImageReply]:
+    """The ``POST /v1/images/generations`` body (JSON only, no files), as its checked spec and reply format."""
+    _check_json(request)
+    body = await parse_body(request, state.settings.max_upload_bytes, allow_files=False)
+    return build_image_request(body.fields, state)

@@ -59,8 +59,8 @@ _COLUMNS = ("id", "kind", "status", "progress", "model", "prompt", "seconds", "s
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One generation request, parsed and checked once by its route (``build_video_request``,
-    ``parse_generation``) before anything is admitted: what its job record, the queue and the
+    """One generation request, parsed and checked once (:mod:`omni_ext.api.intake`) before
+    anything is admitted: what its job record, the queue and the
     engine call need, and nothing the route still has to look up.
 
     ``request``: vLLM-Omni's request for the engine call, a ``VideoGenerationRequest`` (videos) or

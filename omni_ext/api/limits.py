@@ -1,9 +1,8 @@
 """Every numeric bound on a request field of omni-ext's routes, declared once.
 
-The validator (:mod:`omni_ext.api.validation`), the field parsers (:mod:`omni_ext.api.forms`), the
-routes and the OpenAPI schemas (:mod:`omni_ext.api.schemas`) all read these names, so what the
-schema documents is what the server enforces (``tests/test_api_units.py`` checks both against each
-other). Bounds that depend on the served model (the spatial multiple, a scheduler's minimum step
+The request checks (:mod:`omni_ext.api.intake`), the routes and the OpenAPI schemas
+(:mod:`omni_ext.api.schemas`) all read these names, so what the schema documents is what the
+server enforces (``tests/test_api_units.py`` checks both against each other). Bounds that depend on the served model (the spatial multiple, a scheduler's minimum step
 count) come from :func:`omni_ext.api.validation.limits_for_model` instead.
 
 Pure constants: importable without FastAPI or vLLM-Omni.

@@ -16,7 +16,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from omni_ext.api.errors import bad_request
-from omni_ext.api.forms import bounded_int
+from omni_ext.api.intake import bounded_int
 from omni_ext.api.limits import MAX_PLACEMENTS_PAGE
 from omni_ext.progress import read_placements
 

@@ -1,7 +1,7 @@
 """The API process's account of the jobs it admitted: who waits, who runs, and for how long.
 
 vLLM-Omni's engine does not say how long its queue is, so the API process keeps its own account:
-a :class:`~omni_ext.scheduler.order.Ticket` per admitted generation (async and sync videos,
+a :class:`~omni_ext.scheduler.admission.Ticket` per admitted generation (async and sync videos,
 images while they run) with its predicted service time from a
 :class:`~omni_ext.scheduler.cost.CostModel` learned from the jobs it saw finish. From that account,
 :class:`~omni_ext.scheduler.admission.Admission` (pure, shared rules) decides whether a new request
@@ -144,13 +144,11 @@ class RequestQueue:
             metrics.REFUSED.labels("max_queued").inc()
             raise too_busy(f"Too many jobs on this server ({len(self.jobs)}, limit {self.max_jobs}: "
                            f"omni_ext.api.max_queued); retry after {retry:.1f} s.", retry)
-        entry, running, queued = self.jobs.candidate(job_id, Tracked(priority), now=now,
-                                                     priority=priority if self.tuned else 0, key=shape.key, units=shape.units)
-        decision = self.admission.decide(now, running, queued, entry.ticket)
+        entry, decision = self.jobs.admit(job_id, Tracked(priority), now=now, priority=priority if self.tuned else 0,
+                                          key=shape.key, units=shape.units, admission=self.admission)
         if not decision.admitted:
             metrics.REFUSED.labels(decision.reason).inc()
             raise self._refusal(decision)
-        self.jobs.add(entry)
         metrics.ADMITTED.inc()
         metrics.PREDICTED_WAIT.observe(decision.wait_s)
         known = entry.ticket.predicted_s is not None  # priced: a rate is known

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 
 from omni_ext.api.disconnect import CLIENT_CLOSED, ClientGone
 from omni_ext.api.errors import APIError
-from omni_ext.api.forms import ID_RE
+from omni_ext.api.intake import ID_RE
 
 logger = logging.getLogger("omni_ext.api")
 

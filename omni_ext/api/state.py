@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from omni_ext.api import media
 from omni_ext.api.errors import APIError, bad_request, not_found, storage
-from omni_ext.api.forms import ID_RE
+from omni_ext.api.intake import ID_RE, ModelLimits
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.scheduler.layout import server_layout
 from omni_ext.api.queue import Admitted, RequestQueue
 from omni_ext.api.settings import ApiSettings, load_settings
-from omni_ext.api.validation import ModelLimits, limits_for_model
+from omni_ext.api.validation import limits_for_model
 from omni_ext.scheduler.config import scheduler_config
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """OpenAI-compatible ``/v1/videos`` (async jobs) and vLLM-Omni's ``/v1/videos/sync``.
 
 Generation itself is vLLM-Omni's (``OmniOpenAIServingVideo._run_and_extract``: defaults, LoRA,
-reference media, the engine call); this module owns what is around it: one body parser for JSON and
-multipart, OpenAI's ``seconds``/``size`` mapped to the model's native frames and fps, validation
-and admission (429 past the scheduler's bound) before a job exists, ``priority``, durable job
+reference media, the engine call); the request is checked and mapped (OpenAI's ``seconds``/``size``
+to the model's native frames and fps) by :mod:`omni_ext.api.intake`. This module owns what is
+around the generation: admission (429 past the scheduler's bound) before a job exists, durable job
 records, queue position and predicted start of a queued job, step progress and
 ``openai-poll-after-ms``, cancellation (``DELETE``, or a ``/sync`` client that goes away), and
 MP4/thumbnail encoding off the event loop.
@@ -12,9 +12,6 @@ MP4/thumbnail encoding off the event loop.
 from __future__ import annotations
 
 import asyncio
-import base64
-import functools
-import io
 import json
 import logging
 import os
@@ -28,123 +25,18 @@ from fastapi.responses import JSONResponse, Response
 
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
-from omni_ext.api.errors import APIError, StorageError, bad_request, from_pydantic, generation_error, storage
-from omni_ext.api.forms import ID_RE, Body, bounded_int, parse_body, request_fields, with_priority
+from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
+from omni_ext.api.intake import ID_RE, bounded_int, read_video_request
 from omni_ext.api.jobs import Job, JobSpec
-from omni_ext.api.limits import MAX_FPS, MAX_PAGE, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MIN_PRIORITY
+from omni_ext.api.limits import MAX_PAGE
 from omni_ext.api.queue import Admitted, QueueView
-from omni_ext.api.state import ApiState, VideoBackend, abort, get_state, now, video_state
-from omni_ext.api.validation import GUIDANCE_FIELDS, InvalidRequest, check_request
-from omni_ext.models.families import job_shape
+from omni_ext.api.state import ApiState, abort, get_state, now, video_state
 from omni_ext.progress import clear_progress, read_progress
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
 
 POLL_MIN_MS, POLL_MAX_MS = 100, 5000
-FALLBACK_FPS = 16  # ``seconds`` on a model whose native fps omni-ext does not know
-_OWN_FIELDS = {"seconds", "size", "input_reference", "priority"}
-#: Integer fields bounded here, in the order their errors are reported (after ``size``).
-_INTS = {"priority": (MIN_PRIORITY, MAX_PRIORITY), "seconds": (1, MAX_SECONDS), "fps": (1, MAX_FPS), "seed": (0, MAX_SEED)}
-
-
-# ---- request building -------------------------------------------------------------------------
-@functools.cache
-def _video_request_fields() -> frozenset[str]:
-    from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
-
-    return frozenset(VideoGenerationRequest.model_fields)
-
-
-def _reference_image(body: Body, state: ApiState) -> Any:
-    """The uploaded ``input_reference`` (file or ``{"image_url": data-URL}``) as a PIL image."""
-    raw: bytes | None = None
-    if "input_reference" in body.files:
-        raw = body.files["input_reference"][2]
-    else:
-        ref = body.fields.get("input_reference")
-        if isinstance(ref, dict) and isinstance(ref.get("image_url"), str):
-            url = ref["image_url"]
-            if not url.startswith("data:") or ";base64," not in url:
-                raise bad_request("input_reference.image_url must be a base64 data URL here "
-                                  "(this server does not fetch remote URLs).", "input_reference")
-            try:
-                raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-            except ValueError:
-                raise bad_request("input_reference.image_url is not valid base64.", "input_reference") from None
-        elif ref is not None:
-            raise bad_request("input_reference must be an image file or {\"image_url\": ...}.", "input_reference")
-    if raw is None:
-        return None
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        img = Image.open(io.BytesIO(raw))
-        img.load()
-    except (UnidentifiedImageError, OSError):
-        raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
-    family = state.limits.family
-    if family is not None and not family.accepts_reference:  # a family omni-ext does not know: let it try
-        raise bad_request(f"The served model ({state.limits.pipeline}) generates from text only and cannot use "
-                          "input_reference.", "input_reference", "unsupported_parameter")
-    return img.convert("RGB")
-
-
-def build_video_request(body: Body, state: ApiState, defaults: dict[str, int]) -> JobSpec:
-    """The request's :class:`~omni_ext.api.jobs.JobSpec`: vLLM-Omni's ``VideoGenerationRequest`` (with
-    ``priority`` in its ``extra_params``), the reference image or None, its size, frames, fps, steps,
-    ``seconds``, ``priority`` and :class:`~omni_ext.models.families.JobShape`.
-
-    ``defaults`` (:attr:`VideoBackend.defaults`) fill what the request leaves out: ``size`` -> width and
-    height, ``seconds`` -> frames at their fps. Every field is checked here, once, so that a bad request
-    is answered 400 before a job exists: omni-ext's own bounds (:mod:`omni_ext.api.limits`), then
-    vLLM-Omni's pydantic model, then the served model's limits.
-    """
-    from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
-
-    limits = state.limits
-    if not limits.is_video:
-        raise bad_request(f"The served model ({limits.pipeline or 'unknown'}) does not generate video; use "
-                          "/v1/images/generations.", None, "unsupported_model")
-    fields, _ = request_fields(body, accepted=_video_request_fields() | _OWN_FIELDS, files=("input_reference",),
-                               served=(state.model_name, state.model_path), size=True, ints=_INTS)
-    if "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
-        fields["width"], fields["height"] = defaults["width"], defaults["height"]
-    priority = fields.pop("priority", None) or 0
-    seconds = fields.pop("seconds", None)
-    if seconds is not None:
-        if fields.get("fps") is None:
-            fields["fps"] = defaults.get("fps", FALLBACK_FPS)
-        temporal = limits.family.latent_temporal if limits.family is not None else 4
-        fields.setdefault("num_frames", seconds * fields["fps"] // temporal * temporal + 1)  # the VAE's 4k+1 frames
-    else:
-        for key in ("fps", "num_frames"):
-            if key in defaults:
-                fields.setdefault(key, defaults[key])
-    ref_image = _reference_image(body, state)
-    fields.pop("input_reference", None)
-    try:
-        vreq = VideoGenerationRequest(**fields)
-    except Exception as exc:  # pydantic.ValidationError
-        raise from_pydantic(exc) from None
-    vp = vreq.resolve_video_params()
-    try:
-        check_request(limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
-                      steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt,
-                      guidance={name: getattr(vreq, name, None) for name in GUIDANCE_FIELDS})
-    except InvalidRequest as exc:
-        raise bad_request(exc.message, exc.param) from None
-    vreq.extra_params = with_priority(vreq.extra_params, priority)
-    shape = job_shape(limits.pipeline, width=vp.width, height=vp.height, frames=vp.num_frames,
-                      steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
-                      negative_prompt=vreq.negative_prompt, guidance_scale=vreq.guidance_scale,
-                      guidance_scale_2=vreq.guidance_scale_2, true_cfg_scale=vreq.true_cfg_scale)
-    return JobSpec(
-        request=vreq, prompt=vreq.prompt, shape=shape, priority=priority, width=vp.width, height=vp.height,
-        frames=vp.num_frames, fps=vp.fps, steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
-        seconds=str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
-        reference=ref_image,
-    )
 
 
 # ---- generation -------------------------------------------------------------------------------
@@ -295,17 +187,11 @@ def _video_response(state: ApiState, job: Job) -> JSONResponse:
     return JSONResponse(video_object(job, queued.get(job.id)), headers=headers)
 
 
-async def _parse_create(request: Request) -> tuple[ApiState, VideoBackend, JobSpec]:
-    """What both create routes start with: (state, video backend, the request's job spec)."""
-    state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
-    body = await parse_body(request, state.settings.max_upload_bytes)
-    return state, backend, build_video_request(body, state, backend.defaults)
-
-
 # ---- routes -----------------------------------------------------------------------------------
 @router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video(request: Request) -> JSONResponse:
-    state, backend, spec = await _parse_create(request)
+    state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
+    spec = await read_video_request(request, state, backend.defaults)
     job_id = f"video_{uuid.uuid4().hex}"
     admitted = state.queue.admit(job_id, spec.priority, spec.shape)  # or 429
     try:
@@ -328,7 +214,8 @@ async def create_video(request: Request) -> JSONResponse:
 
 @router.post("/v1/videos/sync", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video_sync(request: Request) -> Response:
-    state, backend, spec = await _parse_create(request)
+    state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
+    spec = await read_video_request(request, state, backend.defaults)
     request_id = f"video_sync-{uuid.uuid4().hex}"
     admitted = state.queue.admit(request_id, spec.priority, spec.shape)  # or 429
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))

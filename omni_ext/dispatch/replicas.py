@@ -42,7 +42,7 @@ from omni_ext.scheduler import replicas as policy
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.models.families import request_cost
 from omni_ext.scheduler.cost import CostModel
-from omni_ext.scheduler.order import WAITED_ARG, request_priority
+from omni_ext.scheduler.priority import WAITED_ARG, request_priority
 from omni_ext.scheduler.queue import Entry, JobQueue
 
 logger = logging.getLogger("omni_ext.dispatch")

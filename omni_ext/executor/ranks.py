@@ -37,7 +37,7 @@ from omni_ext.scheduler import cost, placement
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig
 from omni_ext.models.families import request_cost
 from omni_ext.scheduler.cost import CostModel
-from omni_ext.scheduler.order import request_priority, request_waited_s
+from omni_ext.scheduler.priority import request_priority, request_waited_s
 from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout
 from omni_ext.scheduler.queue import WARM_UP_PRIORITY, Entry, JobQueue, is_warm_up
 

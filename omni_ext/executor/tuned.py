@@ -7,7 +7,7 @@ contract; the engine, scheduler, model runner, worker and pipelines are vLLM-Omn
 pipelines as thin subclasses, :mod:`omni_ext.executor.pipelines`).
 
 This module is the mechanism only. What it decides with it is pure code, documented where it is
-done: which queued job starts first (:mod:`omni_ext.scheduler.order`), on which ranks and in which
+done: which queued job starts first (:mod:`omni_ext.scheduler.admission`), on which ranks and in which
 mode (:mod:`omni_ext.scheduler.placement`: pair, single rank, warm-up on every rank, ``cfg_mode``,
 settling), what a job is expected to cost and its time limit (:mod:`omni_ext.scheduler.cost`),
 whether a request runs CFG and its cost units (:mod:`omni_ext.models.families`); the options are

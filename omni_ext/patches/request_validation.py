@@ -23,7 +23,8 @@ def apply() -> None:
     from vllm_omni.entrypoints.async_omni import AsyncOmni
     from vllm_omni.errors import OmniClientError
 
-    from omni_ext.api.validation import InvalidRequest, check_sampling_params, limits_for_model
+    from omni_ext.api.intake import InvalidRequest
+    from omni_ext.api.validation import check_sampling_params, limits_for_model
 
     original = AsyncOmni.generate
 

@@ -3,7 +3,7 @@
 Why a leaf: all three read the same facts about a preset (its request in the planner's terms,
 whether that request runs CFG, where omni-ext's TunedExecutor applies). Kept in any one of them,
 the other two import it back and the modules import each other. The rules underneath are not
-written here: a size parses as the API parses a request's (:func:`omni_ext.api.forms.parse_size`),
+written here: a size parses as the API parses a request's (:func:`omni_ext.api.intake.parse_size`),
 CFG follows the family table (:func:`omni_ext.models.families.needs_cfg`).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omni_ext.api.errors import APIError
-from omni_ext.api.forms import parse_size as parse_request_size
+from omni_ext.api.intake import parse_size as parse_request_size
 from omni_ext.models.families import needs_cfg
 from omni_ext.presets.catalog import Preset, PresetError
 from omni_ext.presets.costs import CostTable, ModelSpec, Topology, load_cost_table

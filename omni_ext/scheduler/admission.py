@@ -1,29 +1,79 @@
-"""Admission: predict when a request would start, and refuse it (429) past ``max_wait_s``.
+"""The order jobs start in, when each starts, and admission: 429 with Retry-After past ``max_wait_s``.
 
-The prediction is list scheduling of the work ahead of the request on the server's ``capacity``
-slots (one slot = one job running at a time: a rank of the TunedExecutor, or the whole server for
-vLLM-Omni's own executor): each running job holds its slot for its predicted remaining time, each
-job ahead in :mod:`omni_ext.scheduler.order` takes the slot that frees first, and the request
-starts when the next slot frees after them. Only jobs that start before it count, so an
-interactive request (priority -1) sent into a full queue of batch work (priority 0) is admitted
-and starts when the first running job ends.
+**Order.** One rule, used wherever jobs queue, so that what a client is told and what runs agree
+(the TunedExecutor's ranks, the API process's account, the head's dispatch):
 
-A refused client is told when to come back (``Retry-After``): the time at which the work ahead of
-it, *plus the clients refused before it* (they come back first), has drained to ``max_wait_s``,
-plus a small margin. Remembering those promises is what lets a burst of refused clients come back
-staggered instead of all at once, each admitted on its first retry. Accepted work is never
-dropped: admission only ever refuses a request before a job exists.
+- **Priority** (vLLM's convention): lower runs earlier; default 0 (how it travels:
+  :mod:`omni_ext.scheduler.priority`).
+- **Aging**: every ``aging_s`` waited improves a job's effective priority by one, so nothing waits
+  forever (bounds in :class:`omni_ext.scheduler.config.SchedulerConfig`).
+- **Longest predicted first** among jobs of the same effective priority (``order="cost"``). On
+  identical groups this is Graham's LPT rule: a closed burst finishes within 4/3 of the optimal
+  makespan whatever the arrival order, where first-come-first-served (and shortest-first) leave
+  one group idle while the other runs the long job that came last. ``order="fifo"`` keeps arrival
+  order instead.
+
+**Start times** are list scheduling of the work ahead on the server's ``capacity`` slots (one slot =
+one job running at a time: a rank of the TunedExecutor, or the whole server for vLLM-Omni's own
+executor): each running job holds its slot for its predicted remaining time, each job ahead in that
+order takes the slot that frees first, and a new request starts when the next slot frees after
+them. Only jobs that start before it count, so an interactive request (priority -1) sent into a full
+queue of batch work (priority 0) is admitted and starts when the first running job ends.
+
+**Admission.** A request predicted to start later than ``max_wait_s`` is refused, and the client is
+told when to come back (``Retry-After``): the time at which the work ahead of it, *plus the clients
+refused before it* (they come back first), has drained to ``max_wait_s``, plus a small margin.
+Remembering those promises is what lets a burst of refused clients come back staggered instead of
+all at once, each admitted on its first retry. Accepted work is never dropped: admission only ever
+refuses a request before a job exists.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.order import Ticket, in_order
 
+
+# ---- order ------------------------------------------------------------------------------------
+@dataclass
+class Ticket:
+    """A job as ordering and admission see it.
+
+    ``arrival``: monotonic seconds when it was admitted. ``cost``: its expected work in one
+    measure shared by every ticket of the server (predicted seconds when known, else cost units);
+    ``predicted_s``: predicted seconds it occupies its slot, None while the server knows no rate.
+    """
+
+    id: str
+    priority: int = 0
+    arrival: float = 0.0
+    cost: float = 0.0
+    predicted_s: float | None = None
+
+
+def effective_priority(ticket: Ticket, now: float, aging_s: float) -> int:
+    """The priority after aging (lower runs earlier)."""
+    if aging_s <= 0:
+        return ticket.priority
+    return ticket.priority - int(max(0.0, now - ticket.arrival) // aging_s)
+
+
+def sort_key(ticket: Ticket, now: float, config: SchedulerConfig) -> tuple:
+    eff = effective_priority(ticket, now, config.aging_s)
+    if config.order == "fifo":
+        return (eff, ticket.arrival, ticket.id)
+    return (eff, -ticket.cost, ticket.arrival, ticket.id)
+
+
+def in_order(tickets: Iterable[Ticket], now: float, config: SchedulerConfig) -> list[Ticket]:
+    """``tickets`` in the order they should start."""
+    return sorted(tickets, key=lambda t: sort_key(t, now, config))
+
+
+# ---- start times and admission --------------------------------------------------------------
 #: The shortest Retry-After a refused client is given (seconds).
 MIN_RETRY_S = 1.0
 

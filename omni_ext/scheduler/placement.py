@@ -6,7 +6,7 @@ time the queue or the set of free ranks changes, and only carries the answer out
 
 Rules, in queue order:
 
-1. Queue order (:mod:`omni_ext.scheduler.order`: priority, aging, longest first), no overtaking:
+1. Queue order (:mod:`omni_ext.scheduler.admission`: priority, aging, longest first), no overtaking:
    the first job that cannot start now stops the scan, so a job that needs a whole CFG group is
    never starved by smaller jobs queued after it.
 2. A :attr:`JobMode.PAIR` job (both guidance branches, on a cfg-2 layout) runs as the

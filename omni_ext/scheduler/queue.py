@@ -4,11 +4,12 @@ Three mechanisms hold a queue, each its own :class:`JobQueue`: the API process's
 admitted (:mod:`omni_ext.api.queue`), the head's dispatch in front of several replicas
 (:mod:`omni_ext.dispatch.replicas`) and the TunedExecutor inside a replica
 (:mod:`omni_ext.executor.tuned`). The state machine is the same for all three, so it is written
-once, here: a job is submitted (queued), started (running, somewhere), then finished (its time
-teaches the cost model) or aborted (it teaches nothing). Pricing (a job's predicted seconds from the
-:class:`~omni_ext.scheduler.cost.CostModel`, the one measure tickets are ordered by), the order
-(:mod:`omni_ext.scheduler.order`), the remaining time of running jobs
-(:func:`~omni_ext.scheduler.cost.remaining_s`) and predicted starts
+once, here: a job is submitted (queued; or admitted, when an
+:class:`~omni_ext.scheduler.admission.Admission` may refuse it first), started (running,
+somewhere), then finished (its time teaches the cost model) or aborted (it teaches nothing).
+Pricing (a job's predicted seconds from the :class:`~omni_ext.scheduler.cost.CostModel`, the one
+measure tickets are ordered by), the order (:mod:`omni_ext.scheduler.admission`), the remaining
+time of running jobs (:func:`~omni_ext.scheduler.cost.remaining_s`) and predicted starts
 (:func:`~omni_ext.scheduler.admission.start_times`) are read from it.
 
 Pure: no clock of its own (every call takes ``now``, in the one clock the owner uses for arrivals
@@ -22,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from omni_ext.scheduler.admission import Estimate, start_times
+from omni_ext.scheduler.admission import Admission, Decision, Estimate, Ticket, sort_key, start_times
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel, remaining_s
-from omni_ext.scheduler.order import Ticket, sort_key
 
 #: vLLM-Omni's start-up warm-up request ids start with this
 #: (``vllm_omni.diffusion.request.DUMMY_DIFFUSION_REQUEST_ID`` in 0.30).
@@ -99,13 +99,17 @@ class JobQueue(Generic[P]):
         self.price(entry)
         return entry
 
-    def candidate(self, job_id: str, payload: P, *, now: float, priority: int, key: str, units: float
-                  ) -> tuple[Entry[P], list[float], list[Ticket]]:
-        """A new job arriving ``now`` (not yet in the queue) and the queue it would join: what
-        admission decides on (:meth:`entry` and :meth:`snapshot` in one)."""
+    def admit(self, job_id: str, payload: P, *, now: float, priority: int, key: str, units: float,
+              admission: Admission) -> tuple[Entry[P], Decision]:
+        """A new job arriving ``now``: priced, decided on by ``admission`` against this queue as it is
+        (:meth:`snapshot`), and queued if admitted. Returns the entry (a refused one is not queued)
+        and the decision."""
         entry = self.entry(job_id, payload, priority=priority, arrival=now, key=key, units=units)
         running, queued = self.snapshot(now)
-        return entry, running, queued
+        decision = admission.decide(now, running, queued, entry.ticket)
+        if decision.admitted:
+            self.add(entry)
+        return entry, decision
 
     def add(self, entry: Entry[P], *, front: bool = False) -> Entry[P]:
         """Queue ``entry``; ``front``: ahead of the others in arrival order (a job that goes back)."""

@@ -12,7 +12,7 @@ omni-ext keeps the queue on the head instead and binds late:
    job running at once: one for vLLM-Omni's executor, one per rank or CFG group for the
    TunedExecutor, :meth:`omni_ext.scheduler.layout.ServerLayout.slots`), so no replica ever holds a
    backlog and the head's order decides what runs next everywhere.
-2. **Order** is the scheduler's own (:mod:`omni_ext.scheduler.order`: priority, aging, longest
+2. **Order** is the scheduler's own (:mod:`omni_ext.scheduler.admission`: priority, aging, longest
    predicted first), so a burst stays near its makespan bound across replicas as inside one.
 3. **Earliest predicted finish.** Among the replicas with a free slot, the one where the job is
    predicted to end first: its predicted seconds times the replica's measured speed (a slower host
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.order import Ticket, in_order
+from omni_ext.scheduler.admission import Ticket, in_order
 
 #: Weight of the newest measurement in a replica's speed factor.
 SPEED_WEIGHT = 0.3
