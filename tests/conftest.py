@@ -77,16 +77,40 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
     return None if res.returncode == 0 else (res.stderr.strip() or f"mount exited {res.returncode}")
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that start servers of their own (marked ``server`` but not using the shared pool: presets
-    started for real, the multi-machine head with its headless replicas, every test that kills or
-    restarts a server: tests.helpers.own_server) run first, before the pool's
-    dozen servers are up: the host has 24 GiB, and the pool alone holds ~19 GiB once all are loaded
-    (a full run with the multi-machine servers next to the pool was stopped by the OOM killer)."""
-    def own_servers(item: pytest.Item) -> bool:
-        return item.get_closest_marker("server") is not None and "server_pool" not in getattr(item, "fixturenames", ())
+def _own_servers(item: pytest.Item) -> bool:
+    """A test that starts servers of its own (marked ``server``, not using the shared pool)."""
+    return item.get_closest_marker("server") is not None and "server_pool" not in getattr(item, "fixturenames", ())
 
-    items[:] = [i for i in items if own_servers(i)] + [i for i in items if not own_servers(i)]
+
+def _uses_pool(item: pytest.Item) -> bool:
+    return "server_pool" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order: tests that start servers of their own (presets started for real, the multi-machine
+    head with its headless replicas, every test that kills or restarts a server:
+    tests.helpers.own_server), then the tests without a server, then the shared pool's. The own
+    servers run before the pool's dozen are up: the host has 24 GiB, and the pool alone holds
+    ~19 GiB once all are loaded (a full run with the multi-machine servers next to the pool was
+    stopped by the OOM killer). The pool starts in the background when the tests without a server
+    begin (:func:`_start_the_pool_early`): its start (~200 s of both cores) then overlaps them
+    (mostly one core) instead of following them."""
+    own = [i for i in items if _own_servers(i)]
+    pool = [i for i in items if not _own_servers(i) and _uses_pool(i)]
+    items[:] = own + [i for i in items if not _own_servers(i) and not _uses_pool(i)] + pool
+
+
+@pytest.fixture(autouse=True)
+def _start_the_pool_early(request: pytest.FixtureRequest) -> None:
+    """At the first test past the own-server ones, start the shared pool's servers (without waiting
+    for them) if any test of this session will use it (see :func:`pytest_collection_modifyitems`)."""
+    session = request.session
+    if getattr(session, "_omni_pool_started", False) or _own_servers(request.node):
+        return
+    session._omni_pool_started = True
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1" or not any(_uses_pool(i) for i in session.items):
+        return
+    request.getfixturevalue("server_pool").start()
 
 
 @pytest.fixture(scope="session")
@@ -142,14 +166,19 @@ class ServerPool:
         finally:
             self._ready[name].set()
 
+    def start(self) -> None:
+        """Start every declared server (once), without waiting for any."""
+        with self._lock:
+            if not self.procs:
+                self._start_all()
+
     def get(self, name: str, *, quiet: bool = False) -> ServeProcess:
         """The ready server ``name``. ``quiet=True`` also waits until every other server started so far
         is up: a test that watches timing (progress that moves, idle CPU, a cancel deadline) must not
         share two cores with several servers still loading (CI saw a 200-step job finish before its
         first poll while the others started)."""
+        self.start()
         with self._lock:
-            if not self.procs:
-                self._start_all()
             if name not in self.procs:
                 self._start(name)
         for other in [name, *(list(self._ready) if quiet else [])]:
