@@ -82,6 +82,12 @@ def _own_servers(item: pytest.Item) -> bool:
     return item.get_closest_marker("server") is not None and "server_pool" not in getattr(item, "fixturenames", ())
 
 
+def _spawns(item: pytest.Item) -> bool:
+    """A test without a server that starts processes of its own (marked ``spawns``): 4-6x slower
+    next to the pool's start (12 s -> 80-100 s in CI runs), so it runs before the pool starts."""
+    return item.get_closest_marker("spawns") is not None and not _uses_pool(item)
+
+
 def _uses_pool(item: pytest.Item) -> bool:
     return "server_pool" in getattr(item, "fixturenames", ())
 
@@ -89,15 +95,18 @@ def _uses_pool(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order: tests that start servers of their own (presets started for real, the multi-machine
     head with its headless replicas, every test that kills or restarts a server:
-    tests.helpers.own_server), then the tests without a server, then the shared pool's. The own
+    tests.helpers.own_server), then the tests without a server (those that spawn processes of their
+    own first), then the shared pool's. The own
     servers run before the pool's dozen are up: the host has 24 GiB, and the pool alone holds
     ~19 GiB once all are loaded (a full run with the multi-machine servers next to the pool was
     stopped by the OOM killer). The pool starts in the background when the tests without a server
     begin (:func:`_start_the_pool_early`): its start (~200 s of both cores) then overlaps them
     (mostly one core) instead of following them."""
     own = [i for i in items if _own_servers(i)]
+    spawns = [i for i in items if not _own_servers(i) and _spawns(i)]
     pool = [i for i in items if not _own_servers(i) and _uses_pool(i)]
-    items[:] = own + [i for i in items if not _own_servers(i) and not _uses_pool(i)] + pool
+    rest = [i for i in items if not _own_servers(i) and not _spawns(i) and not _uses_pool(i)]
+    items[:] = own + spawns + rest + pool
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +114,7 @@ def _start_the_pool_early(request: pytest.FixtureRequest) -> None:
     """At the first test past the own-server ones, start the shared pool's servers (without waiting
     for them) if any test of this session will use it (see :func:`pytest_collection_modifyitems`)."""
     session = request.session
-    if getattr(session, "_omni_pool_started", False) or _own_servers(request.node):
+    if getattr(session, "_omni_pool_started", False) or _own_servers(request.node) or _spawns(request.node):
         return
     session._omni_pool_started = True
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1" or not any(_uses_pool(i) for i in session.items):

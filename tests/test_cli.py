@@ -37,6 +37,7 @@ def test_patches_list_text_names_every_patch() -> None:
     assert "vllm_omni.entrypoints.openai.api_server:omni_init_app_state" in out  # openai-routes replaces both
 
 
+@pytest.mark.spawns
 def test_patches_couplings_json_is_the_registry_and_holds() -> None:
     out = json.loads(run_cli("patches", "couplings", "--json", "--check"))
     assert out["vllm_omni"] == "0.30.0"

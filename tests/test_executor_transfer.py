@@ -219,6 +219,7 @@ def _pair_rank(rank: int, port: int, board, barrier, plan: list, results) -> Non
     dist.destroy_process_group()
 
 
+@pytest.mark.spawns
 def test_cfg_pair_has_no_per_step_host_sync_and_both_ranks_stop_at_the_same_step() -> None:
     import queue
     import socket

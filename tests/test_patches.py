@@ -117,6 +117,7 @@ print(json.dumps({{"applied": _STATE.applied, "runner_patched": is_patched(Diffu
 """
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("tuned", [True, False], ids=["tuned-worker", "other-worker"])
 def test_plugin_activation_applies_tuned_worker_patches_only_when_flagged(tuned: bool) -> None:
     """vLLM-Omni's general-plugin entry point (register_omni -> _activate -> apply_patches) applies the
