@@ -10,7 +10,7 @@ import pytest
 
 from omni_ext.bench import stream_sim as sim
 from omni_ext.bench.schedule import optimal_makespan
-from omni_ext.scheduler.admission import Ticket, in_order
+from omni_ext.scheduler.admission import Admission, Ticket, in_order
 from omni_ext.scheduler.config import SchedulerConfig, scheduler_config
 from omni_ext.scheduler.queue import JobQueue
 
@@ -128,6 +128,20 @@ def test_the_job_queue_orders_by_deadline_with_its_running_jobs() -> None:
     q.config = COST
     assert [e.id for e in q.ordered(0.2, capacity=2)][0] == "long"
     assert q.get("mine").ticket.deadline(3.0) == pytest.approx(6.6)
+
+
+def test_admission_does_not_let_a_newcomer_break_the_promises_of_admitted_jobs() -> None:
+    """Every newcomer to a full queue is at risk, and "slo" would start it ahead of admitted jobs of its
+    priority: it is refused when that pushes one of them past max_wait_s (a priority -1 request still
+    overtakes: tests/test_scheduler.py::test_interactive_request_counts_only_work_that_starts_before_it)."""
+    a = Admission(SchedulerConfig(max_wait_s=10, retry_margin_s=0.5, order="slo"), capacity=2)
+    running = [2.0, 2.5]
+    queued = [T(f"q{i}", 3.0, 0.0) for i in range(6)]  # they start at 2, 2.5, 5, 5.5, 8 and 8.5 s
+    d = a.decide(1.0, running, queued, T("n", 3.0, 1.0))
+    # it would start at 5.5 s, within the bound, but q5 would then start at 11 s
+    assert not d.admitted and d.wait_s == 5.5 and d.reason == "queue_full"
+    assert d.retry_after_s == pytest.approx(11.0 - 10 + 0.5)  # when the queue ahead of it fits the bound
+    assert a.decide(1.0, running, queued[:2], T("m", 3.0, 1.0)).admitted  # with room, it is admitted
 
 
 def test_slo_factor_option() -> None:

@@ -51,8 +51,10 @@ queue of batch work (priority 0) is admitted and starts when the first running j
 told when to come back (``Retry-After``): the time at which the work ahead of it, *plus the clients
 refused before it* (they come back first), has drained to ``max_wait_s``, plus a small margin.
 Remembering those promises is what lets a burst of refused clients come back staggered instead of
-all at once, each admitted on its first retry. Accepted work is never dropped: admission only ever
-refuses a request before a job exists.
+all at once, each admitted on its first retry. Under ``order="slo"`` a request is also refused when
+admitting it would push an admitted job past ``max_wait_s`` (a newcomer whose deadline is at risk
+starts ahead of them). Accepted work is never dropped: admission only ever refuses a request before
+a job exists.
 """
 
 from __future__ import annotations
@@ -270,17 +272,40 @@ class Admission:
     def decide(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket], new: Ticket) -> Decision:
         """Admit ``new`` or refuse it with the time to come back (and remember that promise)."""
         self._expire(now)
-        est = self.estimate(now, running_remaining, queued, new)
-        if est.start_in_s <= self.config.max_wait_s:
+        others = [q for q in queued if q.id != new.id]
+        with_new = self.estimates(now, running_remaining, [*others, new])
+        est = with_new[new.id]
+        # the admitted jobs a newcomer may not push past their promise: those of its priority or better
+        peers = [t for t in others if effective_priority(t, now, self.config.aging_s)
+                 <= effective_priority(new, now, self.config.aging_s)]
+        overtakes = self._breaks_promises(now, running_remaining, others, peers, with_new)
+        if est.start_in_s <= self.config.max_wait_s and not overtakes:
             self._redeem(now)
             return Decision(True, est.start_in_s, est.position)
-        ordered = in_order([*queued, new], now, self.config, running_remaining=running_remaining,
-                           capacity=self.capacity)
-        ahead = [_seconds(t) for t in ordered[: est.position]] + [p.seconds for p in self.promises]
+        if overtakes:  # it may come back once those peers fit the bound
+            ahead = [_seconds(t) for t in peers]
+        else:
+            ordered = sorted(with_new, key=lambda i: with_new[i].position)
+            by_id = {t.id: t for t in others}
+            ahead = [_seconds(by_id[i]) for i in ordered[: est.position]]
+        ahead += [p.seconds for p in self.promises]
         drained = predict_start(running_remaining, ahead, self.capacity)
         retry = max(MIN_RETRY_S, drained - self.config.max_wait_s + self.config.margin_s)
         self.promises.append(_Promise(now + retry, _seconds(new)))
         return Decision(False, est.start_in_s, est.position, retry_after_s=retry, reason="queue_full")
+
+    def _breaks_promises(self, now: float, running_remaining: Sequence[float], others: Sequence[Ticket],
+                         peers: Sequence[Ticket], with_new: dict[str, Estimate]) -> bool:
+        """Whether admitting a request would push one of ``peers`` (admitted, of its priority or better)
+        past ``max_wait_s``, or past its current prediction for one already beyond it. Order ``"slo"``
+        starts a newcomer whose deadline is at risk ahead of admitted jobs of its priority; every
+        newcomer to a full queue is at risk, so without this check admission would refuse nobody and
+        break the promises it gave. (Overtaking by priority is intended, and not counted.)"""
+        if self.config.order != "slo" or not peers:
+            return False
+        before = self.estimates(now, running_remaining, others)
+        bound = self.config.max_wait_s
+        return any(with_new[t.id].start_in_s > max(bound, before[t.id].start_in_s) + 1e-9 for t in peers)
 
     def forget_promises(self) -> None:
         """Capacity changed or the server restarted its accounting: earlier promises no longer hold."""
