@@ -359,8 +359,9 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
         assert sample("omni_ext:job_seconds_count", model="tiny") == learned + 1
         shape = build_image_request(body, state)[0].shape
         assert shape.units == 2 * 24 and state.queue.cost.rate(shape.key) == pytest.approx(0.5 / shape.units, rel=0.05)
-        state.queue.admit("video_long", 0, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
-        full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind a ~40 s job
+        # a ~40 s job of priority -1 queued (of priority 0, the short image would start first: its deadline)
+        state.queue.admit("video_long", -1, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
+        full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind it
         assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full" and len(seen) == 1
         assert client.post("/v1/images/generations", json=body).status_code == 200  # priority -2 goes first
 

@@ -12,7 +12,7 @@
   makespan whatever the arrival order, where first-come-first-served (and shortest-first) leave
   one group idle while the other runs the long job that came last. ``order="fifo"`` keeps arrival
   order instead.
-- **Deadlines** (``order="slo"``). Longest-first is the right order for a burst's makespan and the
+- **Deadlines** (``order="slo"``, the default). Longest-first is the right order for a burst's makespan and the
   wrong one for a stream: a short request that arrives behind queued long ones waits for all of
   them, many times its own length. So every job has a deadline (:meth:`Ticket.deadline`: arrival
   plus ``slo_factor`` x its predicted seconds, or the request's own ``deadline_s``; a job without a
