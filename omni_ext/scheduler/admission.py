@@ -22,9 +22,10 @@
 
   1. a job of that priority would miss its deadline by waiting for the next slot to free and can
      still meet it now: the one of those with the least slack takes the slot; else
-  2. a job is already past its latest start (late whatever runs): the most overdue one takes it,
-     so that a late short job is not also starved behind every long one (its slowdown stays
-     bounded instead of growing with the queue of long jobs);
+  2. a job is already past its latest start (late whatever runs): the most overdue one takes it
+     (unless that would make the longest job late too), so that a late short job is not also
+     starved behind every long one (its slowdown stays bounded instead of growing with the queue
+     of long jobs);
 
   and neither exception is made when it would push the longest job past the **makespan guard**:
   4/3 of a lower bound of the makespan of the work known now, counted from the oldest queued
