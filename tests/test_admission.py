@@ -142,6 +142,34 @@ def test_priority_field_and_where_it_travels(tmp_path: Path) -> None:
     assert spec.priority == 0 and spec.request.extra_params is None
 
 
+def test_deadline_field_and_where_it_travels(tmp_path: Path) -> None:
+    from omni_ext.api.intake import deadline_of
+    from omni_ext.scheduler.priority import DEADLINE_ARG, request_deadline_s
+
+    assert [deadline_of({"deadline_s": v}) for v in (30, "30", " 2.5 ", 0.25, None)] == [30.0, 30.0, 2.5, 0.25, None]
+    assert deadline_of({}) is None
+    for bad in (0, "-1", "soon", True, float("inf"), "nan", [], {}, 10**400):
+        with pytest.raises(APIError) as err:
+            deadline_of({"deadline_s": bad})
+        assert err.value.status == 400 and err.value.param == "deadline_s" and "positive number" in err.value.message
+    # It travels beside the priority, only when given, and a user's own key never overrides it.
+    assert with_priority({"a": 1, DEADLINE_ARG: 9}, 0) == {"a": 1}
+    assert with_priority(None, -1, 12.5) == {PRIORITY_ARG: -1, DEADLINE_ARG: 12.5}
+    state = api_state(tmp_path, WAN)
+    body = {"prompt": "x", "size": "64x64", "num_frames": 9, "num_inference_steps": 4}
+    spec = build_video_request(Body({**body, "deadline_s": "40"}), state, {})
+    assert spec.request.extra_params == {DEADLINE_ARG: 40.0}
+    assert request_deadline_s("r", SimpleNamespace(extra_args=spec.request.extra_params)) == 40.0
+    with pytest.raises(APIError) as err:
+        build_video_request(Body({**body, "deadline_s": -3}), state, {})
+    assert err.value.status == 400 and err.value.param == "deadline_s"
+    image, _ = build_image_request({"prompt": "x", "deadline_s": 7}, api_state(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False)))
+    assert image.request[1].extra_args == {DEADLINE_ARG: 7.0}
+    # what the executor reads: a bad value (only a user's raw extra_args could carry one) is the default
+    for raw in (None, 0, -1, "x", True, float("nan")):
+        assert request_deadline_s("r", SimpleNamespace(extra_args={} if raw is None else {DEADLINE_ARG: raw})) is None
+
+
 def test_retry_headers_and_the_openai_error_body() -> None:
     assert retry_headers(1.5) == {"retry-after": "2", "retry-after-ms": "1500"}
     assert retry_headers(2.0) == {"retry-after": "2", "retry-after-ms": "2000"}
@@ -331,8 +359,9 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
         assert sample("omni_ext:job_seconds_count", model="tiny") == learned + 1
         shape = build_image_request(body, state)[0].shape
         assert shape.units == 2 * 24 and state.queue.cost.rate(shape.key) == pytest.approx(0.5 / shape.units, rel=0.05)
-        state.queue.admit("video_long", 0, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
-        full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind a ~40 s job
+        # a ~40 s job of priority -1 queued (of priority 0, the short image would start first: its deadline)
+        state.queue.admit("video_long", -1, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
+        full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind it
         assert full.status_code == 429 and full.json()["error"]["code"] == "queue_full" and len(seen) == 1
         assert client.post("/v1/images/generations", json=body).status_code == 200  # priority -2 goes first
 

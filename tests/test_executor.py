@@ -325,7 +325,7 @@ def queue_behind_blocker(server, *batches: list[dict]) -> tuple[list, list[str],
 
 def test_adaptive_cfg_request_alone_runs_on_the_whole_group(server_pool) -> None:
     tuned = server_pool.get("wan-tuned-cfg2")
-    assert "scheduler cfg_mode=adaptive order=cost" in tuned.log_text()
+    assert "scheduler cfg_mode=adaptive order=slo" in tuned.log_text()
     before = events_mark(tuned)
     r = video_sync(tuned, size="32x32", num_frames=5, seed=31)
     assert r.status_code == 200, r.text[:300]

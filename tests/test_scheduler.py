@@ -196,14 +196,14 @@ def names(tickets) -> list[str]:
 
 
 def test_order_is_priority_then_longest_first_then_arrival() -> None:
-    cfg = SchedulerConfig()
+    cfg = SchedulerConfig(order="cost")  # "slo" (the default) is this order while no deadline is at risk
     burst = [T("a81", 0, 0.0, 8), T("b17", 0, 0.1, 2), T("c81", 0, 0.2, 8), T("d17", 0, 0.3, 2), T("e49", -1, 0.4, 5)]
     assert names(in_order(burst, 1.0, cfg)) == ["e49", "a81", "c81", "b17", "d17"]
     assert names(in_order(burst, 1.0, SchedulerConfig(order="fifo"))) == ["e49", "a81", "b17", "c81", "d17"]
 
 
 def test_aging_bounds_how_long_later_arrivals_overtake() -> None:
-    cfg = SchedulerConfig(aging_s=10)
+    cfg = SchedulerConfig(aging_s=10, order="cost")
     old_short = T("old", 0, 0.0, 1)
     assert effective_priority(old_short, 9.9, 10) == 0 and effective_priority(old_short, 10.0, 10) == -1
     # Within its first aging_s, longer arrivals of the same priority go first ...
@@ -253,7 +253,7 @@ def test_predicted_start_is_list_scheduling_on_the_slots() -> None:
 
 
 def test_admission_refuses_past_the_bound_with_staggered_retry_times() -> None:
-    a = adm.Admission(SchedulerConfig(max_wait_s=10, retry_margin_s=0.5), capacity=2)
+    a = adm.Admission(SchedulerConfig(max_wait_s=10, retry_margin_s=0.5, order="cost"), capacity=2)
     running = [2.0, 2.5]
     queued = [T(f"q{i}", 0, 0.0, 3.0) for i in range(6)]  # slots free at 11 and 11.5 after them
     d1 = a.decide(1.0, running, queued, T("n1", 0, 1.0, 3.0))

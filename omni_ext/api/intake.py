@@ -17,7 +17,7 @@ bounded and worded the same way on every route:
    read at start-up): the one rule set behind every route, also applied at the engine's door to
    the routes omni-ext does not own (:mod:`omni_ext.api.validation`).
 4. **The job**: its :class:`~omni_ext.models.families.JobShape` from the model-family table, and
-   ``priority`` carried in the engine request's extra parameters.
+   ``priority`` and ``deadline_s`` carried in the engine request's extra parameters.
 
 The routes (:mod:`omni_ext.api.videos`, :mod:`omni_ext.api.images`) call :func:`read_video_request`
 or :func:`read_image_request` and get the spec, or the error.
@@ -45,7 +45,7 @@ from omni_ext.api.limits import (
 )
 from omni_ext.models import families
 from omni_ext.models.families import ModelFamily, job_shape
-from omni_ext.scheduler.priority import PRIORITY_ARG
+from omni_ext.scheduler.priority import DEADLINE_ARG, PRIORITY_ARG
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -218,6 +218,22 @@ def priority_of(fields: dict[str, Any]) -> int:
     return optional_int(fields, "priority", MIN_PRIORITY, MAX_PRIORITY, 0)
 
 
+def deadline_of(fields: dict[str, Any]) -> float | None:
+    """A request's ``deadline_s`` (seconds from its arrival by which it should be done; None when absent
+    or null: the scheduler's default, ``slo_factor`` x its predicted time), a positive number as JSON
+    or a form string. What it does to the order is :mod:`omni_ext.scheduler.admission`'s."""
+    value = fields.get("deadline_s")
+    if value is None:
+        return None
+    try:
+        number = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON integer past a float's range
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise bad_request(f"'deadline_s' must be a positive number of seconds, got {value!r}.", "deadline_s")
+    return number
+
+
 def optional_float(fields: dict[str, Any], name: str) -> float | None:
     """``fields[name]`` as a float, None when absent or null (limits are the validator's)."""
     value = fields.get(name)
@@ -277,12 +293,15 @@ def request_fields(body: Body, *, accepted: Iterable[str], served: tuple[str, st
     return fields, prompt
 
 
-def with_priority(extra: dict[str, Any] | None, priority: int) -> dict[str, Any] | None:
-    """``extra`` (a request's ``extra_params``) carrying ``priority`` to the executor; the key is
-    left out at the default 0, so that vLLM-Omni's "Applied extra_params" log line stays the user's."""
-    out = {k: v for k, v in (extra or {}).items() if k != PRIORITY_ARG}
+def with_priority(extra: dict[str, Any] | None, priority: int, deadline_s: float | None = None) -> dict[str, Any] | None:
+    """``extra`` (a request's ``extra_params``) carrying ``priority`` and ``deadline_s`` to the executor;
+    each key is left out at its default (0, None), so that vLLM-Omni's "Applied extra_params" log line
+    stays the user's, and a user's own key never overrides the parsed field."""
+    out = {k: v for k, v in (extra or {}).items() if k not in (PRIORITY_ARG, DEADLINE_ARG)}
     if priority:
         out[PRIORITY_ARG] = priority
+    if deadline_s is not None:
+        out[DEADLINE_ARG] = deadline_s
     return out if out or extra is not None else None
 
 
@@ -381,7 +400,7 @@ def _check_limits(limits: ModelLimits, **values: Any) -> None:
 # ---- videos -------------------------------------------------------------------------------------
 #: ``seconds`` on a model whose native fps omni-ext does not know.
 FALLBACK_FPS = 16
-_VIDEO_OWN_FIELDS = {"seconds", "size", "input_reference", "priority"}
+_VIDEO_OWN_FIELDS = {"seconds", "size", "input_reference", "priority", "deadline_s"}
 #: Integer fields of a video request bounded here, in the order their errors are reported (after ``size``).
 _VIDEO_INTS = {"priority": (MIN_PRIORITY, MAX_PRIORITY), "seconds": (1, MAX_SECONDS), "fps": (1, MAX_FPS),
                "seed": (0, MAX_SEED)}
@@ -430,7 +449,7 @@ def _reference_image(body: Body, state: Served) -> Any:
 
 def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> JobSpec:
     """The request's :class:`~omni_ext.api.jobs.JobSpec`: vLLM-Omni's ``VideoGenerationRequest`` (with
-    ``priority`` in its ``extra_params``), the reference image or None, its size, frames, fps, steps,
+    ``priority`` and ``deadline_s`` in its ``extra_params``), the reference image or None, its size, frames, fps, steps,
     ``seconds``, ``priority`` and :class:`~omni_ext.models.families.JobShape`.
 
     ``defaults`` (:attr:`VideoBackend.defaults`) fill what the request leaves out: ``size`` -> width and
@@ -449,6 +468,8 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
     if "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
         fields["width"], fields["height"] = defaults["width"], defaults["height"]
     priority = fields.pop("priority", None) or 0
+    deadline_s = deadline_of(fields)
+    fields.pop("deadline_s", None)
     seconds = fields.pop("seconds", None)
     if seconds is not None:
         if fields.get("fps") is None:
@@ -469,7 +490,7 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
     _check_limits(limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
                   steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt,
                   guidance={name: getattr(vreq, name, None) for name in GUIDANCE_FIELDS})
-    vreq.extra_params = with_priority(vreq.extra_params, priority)
+    vreq.extra_params = with_priority(vreq.extra_params, priority, deadline_s)
     shape = job_shape(limits.pipeline, width=vp.width, height=vp.height, frames=vp.num_frames,
                       steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
                       negative_prompt=vreq.negative_prompt, guidance_scale=vreq.guidance_scale,
@@ -494,7 +515,7 @@ _IMAGE_FIELDS = {
     "background", "moderation", "user", "stream", "partial_images",
     # vLLM-Omni extensions
     "negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "generator_device",
-    "extra_params", "flow_shift", "priority",
+    "extra_params", "flow_shift", "priority", "deadline_s",
 }
 
 
@@ -510,7 +531,7 @@ class ImageReply:
 def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec, ImageReply]:
     """A generation request, parsed and checked (bounds, then the served model's limits) before any work:
     its :class:`~omni_ext.api.jobs.JobSpec` (vLLM-Omni's prompt and sampling parameters, as its own
-    route builds them, with ``priority`` in their extra arguments) and how to answer it."""
+    route builds them, with ``priority`` and ``deadline_s`` in their extra arguments) and how to answer it."""
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams, OmniTextPrompt
 
     _, prompt = request_fields(Body(fields), accepted=_IMAGE_FIELDS, served=(state.model_name, state.model_path))
@@ -537,6 +558,7 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     seed = optional_int(fields, "seed", 0, MAX_SEED)
     flow_shift = optional_float(fields, "flow_shift")
     priority = priority_of(fields)
+    deadline_s = deadline_of(fields)
     extra_params = fields.get("extra_params")
     if extra_params is not None and not isinstance(extra_params, dict):
         raise bad_request("'extra_params' must be an object.", "extra_params")
@@ -547,7 +569,7 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     if negative_prompt is not None:
         engine_prompt["negative_prompt"] = negative_prompt
     params = OmniDiffusionSamplingParams(num_outputs_per_prompt=n)
-    extra = with_priority(extra_params, priority) or {}
+    extra = with_priority(extra_params, priority, deadline_s) or {}
     if flow_shift is not None:
         extra["flow_shift"] = flow_shift
     if extra:

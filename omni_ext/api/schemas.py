@@ -45,6 +45,10 @@ _SIZE = {"type": "string", "pattern": rf"^\d{{1,{SIZE_DIGITS}}}x\d{{1,{SIZE_DIGI
 _SIDE = {**_integer(1), "description": "A multiple of the model's spatial multiple (e.g. 16)."}
 _PRIORITY = {**_integer(MIN_PRIORITY, MAX_PRIORITY), "default": 0,
              "description": "Lower runs earlier (vLLM's convention); ordered by omni-ext's TunedExecutor."}
+_DEADLINE = {"type": "number", "exclusiveMinimum": 0,
+             "description": "Seconds from arrival by which the request should be done (default: the scheduler's "
+                            "slo_factor x its predicted time); the scheduler's order \"slo\" starts it early enough "
+                            "when it can."}
 
 VIDEO_CREATE: dict[str, Any] = {
     "type": "object",
@@ -71,6 +75,7 @@ VIDEO_CREATE: dict[str, Any] = {
         "flow_shift": {"type": "number"},
         "boundary_ratio": _number(0, 1),
         "priority": _PRIORITY,
+        "deadline_s": _DEADLINE,
         "extra_params": {"type": "object"},
     },
 }
@@ -93,6 +98,7 @@ IMAGE_GENERATE: dict[str, Any] = {
         "true_cfg_scale": _number(0),
         "seed": _integer(0, MAX_SEED),
         "priority": _PRIORITY,
+        "deadline_s": _DEADLINE,
         "extra_params": {"type": "object"},
     },
 }

@@ -300,8 +300,9 @@ class RankQueue:
         if self.stopped or not self.jobs.queued():
             return
         now = time.monotonic()
+        ordered = [e.payload for e in self.jobs.ordered(now, len(self.layout.groups))]  # a job per group: risk seen early
         starts = placement.next_placements(
-            [e.payload for e in self.jobs.ordered(now)], [r for r, v in self.busy.items() if v is None], self.layout,
+            ordered, [r for r, v in self.busy.items() if v is None], self.layout,
             hold=bool(self.hold), cfg_mode=self.cfg_mode, now=now, settle_s=self.sched.settle_s,
         )
         for start in starts:

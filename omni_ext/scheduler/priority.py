@@ -1,17 +1,24 @@
-"""How a request's priority (and the time it already waited) travels from the API process to the
-queues that order it: keys in vLLM-Omni's ``sampling_params.extra_args``, and their readers.
+"""How a request's priority, its own deadline (and the time it already waited) travel from the API
+process to the queues that order it: keys in vLLM-Omni's ``sampling_params.extra_args``, and their
+readers.
 
-What the priority means for the order jobs start in is :mod:`omni_ext.scheduler.admission`'s.
+What the priority and the deadline mean for the order jobs start in is
+:mod:`omni_ext.scheduler.admission`'s.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 #: Where a request's priority travels from the API process to the executor: the key in vLLM-Omni's
 #: ``sampling_params.extra_args`` (a request's ``extra_params`` are merged there).
 PRIORITY_ARG = "omni_ext_priority"
+
+#: A request's own deadline, seconds from its arrival (the ``deadline_s`` field); absent: the
+#: scheduler's default, ``slo_factor`` x its predicted seconds.
+DEADLINE_ARG = "omni_ext_deadline_s"
 
 #: Seconds a request already waited in the head's queue before it was bound to a replica (set by the
 #: dispatch in front of several replicas): the replica's executor counts its wait from the arrival at
@@ -47,3 +54,20 @@ def request_priority(request_id: str, sp: Any) -> int:
     except ValueError:
         logger.warning("omni-ext: request %s has priority %r, not an integer; it runs with priority 0", request_id, raw)
         return 0
+
+
+def request_deadline_s(request_id: str, sp: Any) -> float | None:
+    """``sampling_params.extra_args["omni_ext_deadline_s"]``: the request's own deadline in seconds from
+    its arrival; None when absent or not a positive number (logged: the default deadline applies)."""
+    raw = (getattr(sp, "extra_args", None) or {}).get(DEADLINE_ARG)
+    if raw is None:
+        return None
+    try:
+        value = float(raw) if not isinstance(raw, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if math.isfinite(value) and value > 0:
+        return value
+    logger.warning("omni-ext: request %s has deadline_s %r, not a positive number; the default deadline applies",
+                   request_id, raw)
+    return None

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from omni_ext.scheduler.admission import Admission, Decision, Estimate, Ticket, sort_key, start_times
+from omni_ext.scheduler.admission import Admission, Decision, Estimate, Ticket, in_order, start_times
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel, remaining_s
 
@@ -93,18 +93,19 @@ class JobQueue(Generic[P]):
 
     # ---- a job's life ----------------------------------------------------------------------
     def entry(self, job_id: str, payload: P, *, priority: int, arrival: float, key: str, units: float,
-              learns: bool = True) -> Entry[P]:
-        """A new job priced against this queue, not yet in it (admission decides on it first)."""
-        entry = Entry(Ticket(job_id, priority, arrival), key, units, payload, learns=learns)
+              learns: bool = True, deadline_s: float | None = None) -> Entry[P]:
+        """A new job priced against this queue, not yet in it (admission decides on it first);
+        ``deadline_s``: the request's own deadline (seconds from ``arrival``), None for the default."""
+        entry = Entry(Ticket(job_id, priority, arrival, deadline_s=deadline_s), key, units, payload, learns=learns)
         self.price(entry)
         return entry
 
     def admit(self, job_id: str, payload: P, *, now: float, priority: int, key: str, units: float,
-              admission: Admission) -> tuple[Entry[P], Decision]:
+              admission: Admission, deadline_s: float | None = None) -> tuple[Entry[P], Decision]:
         """A new job arriving ``now``: priced, decided on by ``admission`` against this queue as it is
         (:meth:`snapshot`), and queued if admitted. Returns the entry (a refused one is not queued)
         and the decision."""
-        entry = self.entry(job_id, payload, priority=priority, arrival=now, key=key, units=units)
+        entry = self.entry(job_id, payload, priority=priority, arrival=now, key=key, units=units, deadline_s=deadline_s)
         running, queued = self.snapshot(now)
         decision = admission.decide(now, running, queued, entry.ticket)
         if decision.admitted:
@@ -118,10 +119,10 @@ class JobQueue(Generic[P]):
         return entry
 
     def submit(self, job_id: str, payload: P, *, priority: int, arrival: float, key: str, units: float,
-               learns: bool = True) -> Entry[P]:
+               learns: bool = True, deadline_s: float | None = None) -> Entry[P]:
         """Queue a new job (priced at once)."""
         return self.add(self.entry(job_id, payload, priority=priority, arrival=arrival, key=key, units=units,
-                                   learns=learns))
+                                   learns=learns, deadline_s=deadline_s))
 
     def start(self, job_id: str, now: float, where: Any = None, *, speed: float = 1.0,
               key: str | None = None) -> Entry[P]:
@@ -181,12 +182,13 @@ class JobQueue(Generic[P]):
         ticket.cost = ticket.predicted_s if ticket.predicted_s is not None else entry.units
         return ticket
 
-    def ordered(self, now: float) -> list[Entry[P]]:
-        """The queued jobs in the order they should start, each priced afresh."""
-        queued = self.queued()
-        for entry in queued:
-            self.price(entry)
-        return sorted(queued, key=lambda e: sort_key(e.ticket, now, self.config))
+    def ordered(self, now: float, capacity: int = 1) -> list[Entry[P]]:
+        """The queued jobs in the order they should start on ``capacity`` slots, each priced afresh
+        (the slots and this queue's running jobs tell ``order: "slo"`` which deadlines are at risk)."""
+        by_id = {e.id: e for e in self.queued()}
+        tickets = [self.price(e) for e in by_id.values()]
+        running = [self.remaining(e, now) or 0.0 for e in self.running()]
+        return [by_id[t.id] for t in in_order(tickets, now, self.config, running_remaining=running, capacity=capacity)]
 
     def remaining(self, entry: Entry[P], now: float) -> float | None:
         """Predicted seconds left of a running job, times its place's ``speed``: its measured steps
@@ -204,7 +206,7 @@ class JobQueue(Generic[P]):
 
     def estimates(self, now: float, capacity: int) -> dict[str, Estimate]:
         """Queue position and predicted seconds until it starts of every queued job, on ``capacity`` slots."""
-        ordered = self.ordered(now)
+        ordered = self.ordered(now, capacity)
         running = [self.remaining(e, now) or 0.0 for e in self.running()]
         starts = start_times(running, [e.ticket.predicted_s or 0.0 for e in ordered], capacity)
         return {e.id: Estimate(i, s) for i, (e, s) in enumerate(zip(ordered, starts))}

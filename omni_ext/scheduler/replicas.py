@@ -91,7 +91,9 @@ def plan(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float,
     if settling(pending, replicas, now, config.settle_s) > 0:
         return []
     out: list[tuple[str, int]] = []
-    for ticket in in_order(pending, now, config):
+    running = [r for replica in replicas for r in replica.running]
+    capacity = sum(replica.capacity for replica in replicas)
+    for ticket in in_order(pending, now, config, running_remaining=running, capacity=capacity):
         job_s = ticket.predicted_s if ticket.predicted_s is not None else ticket.cost
         replica = choose(replicas, job_s)
         if replica is None:
