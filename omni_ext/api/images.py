@@ -85,7 +85,7 @@ async def generate_images(request: Request) -> JSONResponse:
     state = get_state(request)
     spec, reply = await read_image_request(request, state)
     request_id = f"img_gen-{uuid.uuid4().hex}"
-    admitted = state.queue.admit(request_id, spec.priority, spec.shape)  # or 429
+    admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
     try:
         images = await run_admitted(request, admitted, "image", _generate(request, spec, request_id))
     except ClientGone:

@@ -496,7 +496,7 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
                       negative_prompt=vreq.negative_prompt, guidance_scale=vreq.guidance_scale,
                       guidance_scale_2=vreq.guidance_scale_2, true_cfg_scale=vreq.true_cfg_scale)
     return JobSpec(
-        request=vreq, prompt=vreq.prompt, shape=shape, priority=priority, width=vp.width, height=vp.height,
+        request=vreq, prompt=vreq.prompt, shape=shape, priority=priority, deadline_s=deadline_s, width=vp.width, height=vp.height,
         frames=vp.num_frames, fps=vp.fps, steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
         seconds=str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
         reference=ref_image,
@@ -584,8 +584,8 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     params.seed = seed if seed is not None else random.randint(0, MAX_SEED)
     shape = job_shape(state.limits.pipeline, width=width, height=height, steps=steps, n=n,
                       negative_prompt=negative_prompt, guidance_scale=guidance_scale, true_cfg_scale=true_cfg_scale)
-    spec = JobSpec(request=(engine_prompt, params), prompt=prompt, shape=shape, priority=priority, width=width,
-                   height=height, steps=steps, n=n)
+    spec = JobSpec(request=(engine_prompt, params), prompt=prompt, shape=shape, priority=priority,
+                   deadline_s=deadline_s, width=width, height=height, steps=steps, n=n)
     return spec, reply
 
 

@@ -65,7 +65,8 @@ class JobSpec:
 
     ``request``: vLLM-Omni's request for the engine call, a ``VideoGenerationRequest`` (videos) or
     the ``(OmniTextPrompt, OmniDiffusionSamplingParams)`` pair of its image call (images), with
-    ``priority`` already carried in its extra parameters. ``reference``: the ``input_reference``
+    ``priority`` and ``deadline_s`` (the request's own, seconds from arrival, or None) already carried
+    in its extra parameters. ``reference``: the ``input_reference``
     image (PIL) or None. ``width``/``height``/``frames``/``steps``: as the request resolves them
     (None: the pipeline's own default). ``seconds``: OpenAI's video length (videos only).
     """
@@ -74,6 +75,7 @@ class JobSpec:
     prompt: str
     shape: JobShape
     priority: int = 0
+    deadline_s: float | None = None
     width: int | None = None
     height: int | None = None
     frames: int | None = None

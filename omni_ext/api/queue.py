@@ -132,7 +132,7 @@ class RequestQueue:
         return self.jobs.cost
 
     # ---- a job's life ----------------------------------------------------------------------
-    def admit(self, job_id: str, priority: int, shape: JobShape) -> Admitted:
+    def admit(self, job_id: str, priority: int, shape: JobShape, deadline_s: float | None = None) -> Admitted:
         """Admit a new job (its :class:`Admitted` handle) or raise 429 ``queue_full`` (with Retry-After)
         before it exists."""
         now = self.clock()
@@ -145,7 +145,8 @@ class RequestQueue:
             raise too_busy(f"Too many jobs on this server ({len(self.jobs)}, limit {self.max_jobs}: "
                            f"omni_ext.api.max_queued); retry after {retry:.1f} s.", retry)
         entry, decision = self.jobs.admit(job_id, Tracked(priority), now=now, priority=priority if self.tuned else 0,
-                                          key=shape.key, units=shape.units, admission=self.admission)
+                                          key=shape.key, units=shape.units, admission=self.admission,
+                                          deadline_s=deadline_s)
         if not decision.admitted:
             metrics.REFUSED.labels(decision.reason).inc()
             raise self._refusal(decision)

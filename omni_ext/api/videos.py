@@ -193,7 +193,7 @@ async def create_video(request: Request) -> JSONResponse:
     state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
     spec = await read_video_request(request, state, backend.defaults)
     job_id = f"video_{uuid.uuid4().hex}"
-    admitted = state.queue.admit(job_id, spec.priority, spec.shape)  # or 429
+    admitted = state.queue.admit(job_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
     try:
         with storage(f"storing video {job_id}"):
             job = state.store.create(
@@ -217,7 +217,7 @@ async def create_video_sync(request: Request) -> Response:
     state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
     spec = await read_video_request(request, state, backend.defaults)
     request_id = f"video_sync-{uuid.uuid4().hex}"
-    admitted = state.queue.admit(request_id, spec.priority, spec.shape)  # or 429
+    admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))
     started = time.perf_counter()
     try:

@@ -42,7 +42,7 @@ from omni_ext.scheduler import replicas as policy
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.models.families import request_cost
 from omni_ext.scheduler.cost import CostModel
-from omni_ext.scheduler.priority import WAITED_ARG, request_priority
+from omni_ext.scheduler.priority import WAITED_ARG, request_deadline_s, request_priority
 from omni_ext.scheduler.queue import Entry, JobQueue
 
 logger = logging.getLogger("omni_ext.dispatch")
@@ -221,7 +221,8 @@ class Dispatcher:
         pipeline = self.settings.pipeline
         rc = request_cost(pipeline, request, params)
         self.queue.submit(request_id, _Pending(request_id, request, params, submit_kwargs),
-                          priority=request_priority(request_id, params), arrival=time.monotonic(), key=rc.key, units=rc.units)
+                          priority=request_priority(request_id, params), arrival=time.monotonic(), key=rc.key, units=rc.units,
+                          deadline_s=request_deadline_s(request_id, params))
         logger.debug("omni-ext dispatch: queued %s (%d waiting)", request_id, self.waiting())
         self.pump()
         entry = self.queue.get(request_id)

@@ -37,7 +37,7 @@ from omni_ext.scheduler import cost, placement
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig
 from omni_ext.models.families import request_cost
 from omni_ext.scheduler.cost import CostModel
-from omni_ext.scheduler.priority import request_priority, request_waited_s
+from omni_ext.scheduler.priority import request_deadline_s, request_priority, request_waited_s
 from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout
 from omni_ext.scheduler.queue import WARM_UP_PRIORITY, Entry, JobQueue, is_warm_up
 
@@ -127,7 +127,8 @@ class RankQueue:
                 raise RuntimeError("omni-ext TunedExecutor is not running")
             self.outputs[job.job_id] = job
             self.jobs.submit(job.job_id, job, priority=WARM_UP_PRIORITY if warm_up else request_priority(request_id, sp),
-                             arrival=arrival, key=rc.key, units=rc.units, learns=not warm_up)
+                             arrival=arrival, key=rc.key, units=rc.units, learns=not warm_up,
+                             deadline_s=None if warm_up else request_deadline_s(request_id, sp))
             self.dispatch()
             if self.jobs.get(job.job_id) is not None and not self.entry(job).running:
                 if self.sched.settle_s > 0:

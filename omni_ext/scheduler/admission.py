@@ -204,11 +204,6 @@ def _slots(running_remaining: Sequence[float], capacity: int) -> list[float]:
     return slots
 
 
-# ---- start times and admission --------------------------------------------------------------
-#: The shortest Retry-After a refused client is given (seconds).
-MIN_RETRY_S = 1.0
-
-
 def start_times(running_remaining: Sequence[float], queued: Sequence[float], capacity: int) -> list[float]:
     """Seconds from now until each of the ``queued`` jobs (service seconds, in start order) starts:
     ``running_remaining`` (one entry per running job) hold their slots first, then each queued job
