@@ -158,8 +158,10 @@ def test_deadline_field_and_where_it_travels(tmp_path: Path) -> None:
     state = api_state(tmp_path, WAN)
     body = {"prompt": "x", "size": "64x64", "num_frames": 9, "num_inference_steps": 4}
     spec = build_video_request(Body({**body, "deadline_s": "40"}), state, {})
-    assert spec.request.extra_params == {DEADLINE_ARG: 40.0}
+    assert spec.request.extra_params == {DEADLINE_ARG: 40.0} and spec.deadline_s == 40.0
     assert request_deadline_s("r", SimpleNamespace(extra_args=spec.request.extra_params)) == 40.0
+    state.queue.admit("timed", spec.priority, spec.shape, spec.deadline_s)  # the API's account orders by it too
+    assert state.queue.jobs.get("timed").ticket.deadline_s == 40.0
     with pytest.raises(APIError) as err:
         build_video_request(Body({**body, "deadline_s": -3}), state, {})
     assert err.value.status == 400 and err.value.param == "deadline_s"
@@ -334,6 +336,8 @@ def test_routes_admit_refuse_report_and_cancel(app_client) -> None:
     assert client.get(f"/v1/videos/{ids[2]}").json()["queue_position"] == 1
     bad = client.post("/v1/videos", json={**TINY, "priority": limits.MAX_PRIORITY + 1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "priority"
+    bad = client.post("/v1/videos", json={**TINY, "deadline_s": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "deadline_s"
 
 
 def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: Path, monkeypatch) -> None:
