@@ -220,17 +220,18 @@ def serve_in_process(tmp_path: Path, limits: ModelLimits):
 
 
 # ---- the TunedExecutor's queue over its ranks, without worker processes (its pipes replaced by a list) ----
-def rank_queue(world: int = 2, cfg_size: int = 2, **options):
+def rank_queue(world: int = 2, cfg_size: int = 2, sp: int = 1, **options):
     """The TunedExecutor's :class:`~omni_ext.executor.ranks.RankQueue` for the Wan family on ``world``
-    ranks in CFG groups of ``cfg_size``; what it sends to a rank lands in ``.sent`` as (rank, message)."""
+    worker processes in CFG groups of ``cfg_size`` units of ``sp`` processes (sequence parallel); what it
+    sends to a process lands in ``.sent`` as (rank, message)."""
     from omni_ext.executor.ranks import RankQueue
-    from omni_ext.scheduler.placement import Layout
+    from omni_ext.scheduler.placement import Layout, Units
 
     sched = SchedulerConfig(**options)
     sent: list = []
-    rq = RankQueue(Layout.regular(world // cfg_size, cfg_size), sched, model_arch="WanPipeline", tuned_model=True,
+    rq = RankQueue(Layout.regular(world // (cfg_size * sp), cfg_size), sched, model_arch="WanPipeline", tuned_model=True,
                    cfg_mode=sched.cfg_mode, send=lambda rank, msg: sent.append((rank, msg)), cancel_slots=[0] * world,
-                   small_warmup=True)
+                   small_warmup=True, units=Units(sp))
     rq.sent = sent
     return rq
 

@@ -84,6 +84,15 @@ def test_ascend_aiv_expansion_only_where_valid(environ, groups, size, nodes) -> 
     assert env["TASK_QUEUE_ENABLE"] == "2"
 
 
+@pytest.mark.parametrize("groups,cfg,sp,aiv", [(1, 1, 4, True), (1, 2, 1, True), (1, 2, 2, False), (2, 1, 2, False)],
+                         ids=["one-sp-group", "one-cfg-group", "cfg-x-sp-concurrent-domains", "two-sp-groups"])
+def test_ascend_aiv_expansion_under_sequence_parallel(groups, cfg, sp, aiv) -> None:
+    from omni_ext.executor.ascend import ascend_worker_env
+
+    env = ascend_worker_env({}, num_groups=groups, group_size=cfg, unit_size=sp)
+    assert ("HCCL_OP_EXPANSION_MODE" in env) is aiv
+
+
 def test_collectives_use_hccl_on_npu_and_torch_npu_is_not_needed() -> None:
     import sys
 
@@ -211,6 +220,100 @@ def test_cancelled_head_job_lets_the_jobs_behind_it_start() -> None:
     ex.abort(["video_b-0000000b"])
     assert started(ex)[1] == ("video_c-0000000c", (1,), "single") and ex.queued() == []
     assert head.future.result(timeout=1).aborted and busy.ranks == (0,) and behind.ranks == (1,)
+
+
+@pytest.mark.parametrize("dp,cfg,sp", [(1, 2, 2), (2, 2, 2), (1, 1, 4), (2, 2, 4), (3, 1, 2)])
+def test_units_are_vllm_omnis_sequence_parallel_groups(dp: int, cfg: int, sp: int) -> None:
+    """The executor's units and groups against vLLM-Omni's own rank order (``RankGenerator`` with the
+    order ``_initialize_model_parallel`` uses): unit u is an SP group, and the processes at the same
+    place of a group's units are a CFG group, in CFG-rank order."""
+    from vllm_omni.diffusion.distributed.parallel_state import RankGenerator
+
+    from omni_ext.scheduler.placement import Layout, Units
+
+    gen = RankGenerator(1, sp, 1, cfg, dp, order="tp-sp-pp-cfg-dp")
+    units, layout = Units(sp), Layout.regular(dp, cfg)
+    assert [list(units.ranks_of(u)) for u in layout.ranks] == gen.get_ranks("sp")
+    cfg_groups = [[units.ranks_of(u)[s] for u in group] for group in layout.groups for s in range(sp)]
+    assert sorted(cfg_groups) == sorted(gen.get_ranks("cfg"))
+    assert all(units.cfg_rank(p, cfg) == i for g in cfg_groups for i, p in enumerate(g))
+
+
+@pytest.mark.parametrize("mode,ranks,expect", [
+    # process -> (cfg rank, SP rank, the processes it agrees with on a cancel step, sends the output)
+    ("pair", (0, 1, 2, 3), {0: (0, 0, (0, 1, 2, 3), True), 1: (0, 1, (0, 1, 2, 3), False),
+                            2: (1, 0, (0, 1, 2, 3), False), 3: (1, 1, (0, 1, 2, 3), False)}),
+    ("single", (2, 3), {2: (0, 0, (2, 3), True), 3: (0, 1, (2, 3), False)}),
+    ("single", (0, 1, 2, 3), {1: (0, 1, (0, 1), False), 2: (0, 0, (2, 3), True)}),  # the warm-up: per unit
+])
+def test_worker_role_under_sequence_parallel(mode: str, ranks: tuple, expect: dict) -> None:
+    """What each worker process of a CFG 2 x SP 2 layout is told for a job (the worker's own
+    ``_run_job`` around a model call that reads its role): only a unit's leader sends the output."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol, worker
+    from omni_ext.executor.role import ROLE
+    from omni_ext.scheduler.placement import JobMode
+
+    class Model:  # the vLLM-Omni worker's execute_model, reduced to reading the role it runs in
+        def execute_model(self, req, od_config):
+            self.seen = (ROLE.cfg_rank, ROLE.sp_rank, ROLE.ranks)
+            return DiffusionOutput()
+
+    for rank, (cfg_rank, sp_rank, together, sends) in expect.items():
+        model = Model()
+        ROLE.rank = rank
+        done = worker._run_job(model, None, rank, protocol.RunJob("omx-1", None, JobMode(mode), 2, 1, ranks, 2))
+        assert model.seen == (cfg_rank, sp_rank, together), rank
+        assert done.owner is sends and (done.out is not None) is sends, rank
+
+    class Failing:
+        def execute_model(self, req, od_config):
+            raise RuntimeError("boom")
+
+    ROLE.rank = ranks[-1]  # a non-leader's error is reported too: the request fails at once
+    done = worker._run_job(Failing(), None, ranks[-1], protocol.RunJob("omx-2", None, JobMode(mode), 2, 2, ranks, 2))
+    assert done.owner and "boom" in done.out.error
+    ROLE.rank = 0
+
+
+def test_sequence_parallel_units_take_every_process_and_answer_from_the_leader() -> None:
+    """CFG 2 x Ulysses 2 (issue 18 item 1): placement sees two units, [0, 1] and [2, 3]; a job goes to
+    every process of its units, the answer comes from the leader of the unit holding the output, and a
+    unit is free only when all of its processes have answered."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol
+
+    ex = rank_queue(world=4, cfg_size=2, sp=2, cfg_mode="adaptive", settle_s=0)
+    warm = ex.submit("dummy_req_id_0", wan_request(guidance=1.0))
+    assert started(ex) == [("dummy_req_id_0", (0, 1, 2, 3), "single")]  # the warm-up: each unit alone
+    assert all(msg.ranks == (0, 1, 2, 3) and msg.unit_size == 2 for _, msg in ex.sent)
+    finish(ex, warm)
+    pair = ex.submit("video_a-0000000a", wan_request())  # alone on an idle layout: the whole group
+    assert started(ex)[1] == ("video_a-0000000a", (0, 1, 2, 3), "pair") and pair.ranks == (0, 1, 2, 3)
+    assert [msg.ranks for _, msg in ex.sent[-4:]] == [(0, 1, 2, 3)] * 4
+    ex.abort(["video_a-0000000a"])  # running: the cancel reaches every process of both units
+    assert list(ex.cancel_slots) == [pair.seq] * 4
+    finish(ex, pair)
+    assert pair.future.result(timeout=1).aborted
+
+    a = ex.submit("video_b-0000000b", wan_request(guidance=1.0))  # CFG-free: one unit
+    b = ex.submit("video_c-0000000c", wan_request(guidance=1.0))
+    assert (a.ranks, b.ranks) == ((0, 1), (2, 3)) and started(ex)[-1][2] == "single"
+    # the non-leader of a's unit answers first (no output): the request waits for its leader
+    ex.answer(1, protocol.JobDone(a.job_id, 1, None, False, 1.0))
+    assert not a.future.done()
+    # the leader answers: the request is answered, but its unit is free only once both processes are
+    c = ex.submit("video_d-0000000d", wan_request(guidance=1.0))
+    ex.answer(2, protocol.JobDone(b.job_id, 2, DiffusionOutput(), True, 1.0))
+    assert b.future.done() and ex.queued() == [c]  # process 3 still runs b: unit 1 is not free
+    ex.answer(3, protocol.JobDone(b.job_id, 3, None, False, 1.0))
+    assert c.ranks == (2, 3) and ex.queued() == []
+    ex.answer(0, protocol.JobDone(a.job_id, 0, DiffusionOutput(), True, 1.0))
+    assert a.future.result(timeout=1).error is None
+    finish(ex, c)
+    assert ex.idle()
 
 
 # --------------------------------------------------------------------------------------------------

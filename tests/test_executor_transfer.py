@@ -4,7 +4,9 @@
   format), never as a pickled tensor, and every segment is unlinked once read or discarded;
 - a CFG pair agrees on its cancel step through the executor's shared board, with no host
   synchronization per denoise step: two real processes, a real gloo all-gather per step, vLLM-Omni's
-  own CFG-parallel step.
+  own CFG-parallel step;
+- under sequence parallel, the four processes of a CFG 2 x SP 2 pair, and the two of a unit running a
+  job alone, stop at the same step (four real processes, gloo all-to-all and all-gather per step).
 
 The same paths through real servers (a pair video, a pair image, the per-rank peak memory on DP 2)
 are in ``tests/test_executor.py`` (they share its servers).
@@ -214,7 +216,7 @@ def _pair_rank(rank: int, port: int, board, barrier, plan: list, results) -> Non
                 )
                 latents = latents - 0.05 * noise
         except DiffusionRequestAbortedError:
-            stopped = ROLE.pair_step - 1
+            stopped = ROLE.step - 1
         results.put((rank, seq, stopped, counts["n"], latents.sum().item()))
     dist.destroy_process_group()
 
@@ -271,3 +273,110 @@ def test_cfg_pair_has_no_per_step_host_sync_and_both_ranks_stop_at_the_same_step
     # through the all-gather and was read back with .item() made that one per step and rank)
     for seq in (1, 2):
         assert got[seq][0][1] == got[seq][1][1] == 0, got[seq]
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. Sequence parallel (issue 18 item 1): the processes of a job agree on its stop step
+# --------------------------------------------------------------------------------------------------
+def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> None:
+    """One of 4 processes, CFG 2 x SP 2 in vLLM-Omni's order (SP groups [0,1] [2,3], CFG groups [0,2]
+    [1,3]). A "pair" job runs on all four: per step an all-to-all in its SP group (Ulysses' collective)
+    and an all-gather in its CFG group, the stop check before each step (as ``_pair_step``). A "single"
+    job runs on each unit separately (unit 1 a job of its own, seq + 100): per step the SP all-to-all
+    only, the stop check after each step (as the progress bar's ``check_step_cancel``)."""
+    import time
+
+    import torch.distributed as dist
+    from vllm_omni.diffusion.data import DiffusionRequestAbortedError
+
+    from omni_ext.executor.role import ROLE, aborted, check_step_cancel, set_role, stop_now
+    from omni_ext.scheduler.placement import JobMode, Units
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    sp_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    cfg_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    units = Units(2)
+    sp_group, cfg_group = sp_groups[units.unit_of(rank)], cfg_groups[units.sp_rank(rank)]
+    ROLE.rank, ROLE.cancel_slots = rank, board
+    rng = random.Random(rank)
+    for seq, mode, steps, lag_s in plan:
+        barrier.wait()
+        pair = mode == "pair"
+        job_seq = seq if pair or units.unit_of(rank) == 0 else seq + 100
+        if pair:
+            set_role(JobMode.PAIR, cfg_rank=units.cfg_rank(rank, 2), cfg_size=2, seq=job_seq, ranks=(0, 1, 2, 3),
+                     sp_rank=units.sp_rank(rank))
+        else:
+            set_role(JobMode.SINGLE, cfg_size=2, seq=job_seq, ranks=units.ranks_of(units.unit_of(rank)),
+                     sp_rank=units.sp_rank(rank))
+        x, stopped = torch.arange(4, dtype=torch.float32) + rank, None
+        try:
+            for _ in range(steps):
+                if lag_s and rank in (1, 2):
+                    time.sleep(rng.uniform(0, lag_s))  # these hosts run behind, by a varying lag
+                if pair and stop_now():
+                    raise aborted()
+                out = torch.empty_like(x)
+                dist.all_to_all_single(out, x, group=sp_group)
+                if pair:
+                    parts = [torch.empty_like(out) for _ in range(2)]
+                    dist.all_gather(parts, out, group=cfg_group)
+                    out = parts[0] - parts[1]
+                x = torch.tanh(out) + 1.0
+                check_step_cancel()  # a no-op for a pair
+        except DiffusionRequestAbortedError:
+            stopped = ROLE.step - 1
+        results.put((rank, job_seq, stopped))
+    dist.destroy_process_group()
+
+
+def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
+    """A cancelled job stops at the same step on every process that shares its collectives: the four
+    of a CFG 2 x SP 2 pair, the two of a unit running a SINGLE job (while the other unit runs another
+    job); a process that stopped alone would leave the others waiting in an all-to-all (a hang here)."""
+    import queue
+    import socket
+    import time
+
+    from omni_ext.executor.role import new_board
+
+    ctx = multiprocessing.get_context("spawn")
+    board = new_board(ctx, 4)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # seq, mode, steps, lag per step (s): 1, 2 run to the end; 3-6 are cancelled at a random moment mid-run.
+    # A "single" seq s is two jobs: s on unit 0, s + 100 on unit 1.
+    plan = [(1, "pair", 6, 0.0), (2, "single", 6, 0.0)] + [
+        (seq, "pair" if seq % 2 else "single", 300, 0.004) for seq in (3, 4, 5, 6)]
+    barrier, results = ctx.Barrier(5), ctx.Queue()
+    procs = [ctx.Process(target=_cfg_sp_rank, args=(r, port, board, barrier, plan, results), daemon=True)
+             for r in range(4)]
+    for p in procs:
+        p.start()
+    got: dict[int, dict[int, int | None]] = {}
+    rng = random.Random(18)
+    try:
+        for seq, mode, _, _ in plan:
+            barrier.wait(timeout=180)
+            if seq >= 3:
+                time.sleep(rng.uniform(0.02, 0.2))
+                for rank in rng.sample(range(4), 4):  # the executor writes the slots one after the other
+                    board[rank] = seq if mode == "pair" or rank < 2 else seq + 100
+                    time.sleep(rng.uniform(0.0, 0.01))
+            for _ in range(4):
+                rank, s, stopped = results.get(timeout=180)  # a process stuck in a collective: Empty
+                got.setdefault(s, {})[rank] = stopped
+    except queue.Empty:
+        pytest.fail(f"a process hung (results so far: {got})")
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    assert set(got[1]) == {0, 1, 2, 3} and set(got[2]) == {0, 1} and set(got[102]) == {2, 3}
+    for seq, stops in got.items():
+        assert len(set(stops.values())) == 1, (seq, stops)  # one stop step for all processes of a job
+    assert got[1][0] is None and got[2][0] is None and got[102][2] is None  # not cancelled: ran to the end
+    cancelled = [got[s][min(got[s])] for s in (3, 4, 104, 5, 6, 106)]
+    assert all(t is not None and t < 300 for t in cancelled), got  # each stopped, before its last step

@@ -56,7 +56,6 @@ def test_estimates_and_a_job_that_goes_back_to_the_front() -> None:
 
 @pytest.mark.parametrize("parallel,option", [
     (Parallel(tp=2), "--tensor-parallel-size 2"),
-    (Parallel(ulysses=2), "--ulysses-degree 2 / --ring-degree 1"),
     (Parallel(pp=2), "--pipeline-parallel-size 2"),
     (Parallel(cfg=4), "--cfg-parallel-size 4"),
     (Parallel(vae_patch=2), "--vae-patch-parallel-size 2"),
@@ -69,5 +68,8 @@ def test_each_refused_layout_names_its_flag_and_an_alternative(parallel: Paralle
     assert refusal.message().startswith(f"omni-ext TunedExecutor: drop {option}: ") and refusal.instead in refusal.message()
 
 
-def test_cfg_and_data_parallel_layouts_run() -> None:
+def test_cfg_sequence_and_data_parallel_layouts_run() -> None:
     assert tuned_refusal(Parallel()) is None and tuned_refusal(Parallel(cfg=2)) is None
+    # issue 18 item 1: a CFG half is a unit of Ulysses x Ring processes (omni_ext.scheduler.placement.Units)
+    for sp in (Parallel(ulysses=2), Parallel(cfg=2, ulysses=2), Parallel(ring=2), Parallel(cfg=2, ulysses=2, ring=2)):
+        assert tuned_refusal(sp) is None, sp

@@ -241,14 +241,15 @@ def test_the_tuned_executor_is_selected_wherever_it_applies_and_nowhere_else() -
     # the static rules only look for its module (no vLLM import); here the class itself imports and is an executor
     assert check_qualname(TUNED_EXECUTOR, "vllm_omni.diffusion.executor.abstract.DiffusionExecutor") is None
     assert CATALOG["qwen-image-2512.910b.x1.balanced"].executor == TUNED_EXECUTOR
-    assert "sequence parallel" in tuned_executor_refusal(CATALOG["qwen-image.910b.x8.latency"])
+    assert CATALOG["qwen-image.910b.x8.latency"].executor == TUNED_EXECUTOR  # Ulysses 8: one unit of 8 processes
+    assert CATALOG["wan2.1-t2v-1.3b.910b.x4.latency"].executor == TUNED_EXECUTOR  # CFG 2 x Ulysses 2
     assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"])
     assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.cuda.x2.latency"])
 
 
 def test_the_tuned_executor_where_it_would_refuse_to_start_is_an_error() -> None:
-    ulysses = CATALOG["wan2.1-t2v-1.3b.910b.x4.latency"].replace(executor=TUNED_EXECUTOR)
-    assert any("would refuse to start: it refuses sequence parallel" in e for e in errors(ulysses))
+    tp = CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"].replace(executor=TUNED_EXECUTOR)
+    assert any("would refuse to start: it refuses tensor parallel" in e for e in errors(tp))
     stepped = CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"].replace(engine={"step_execution": True})
     assert any("refuses step execution" in e for e in errors(stepped))
     unselected = CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"].replace(executor=None)
@@ -262,8 +263,8 @@ def test_the_tuned_executor_reaches_both_channels(capsys) -> None:
     assert wan.deploy["distributed_executor_backend"] == TUNED_EXECUTOR and wan.deploy["stages"][0]["num_replicas"] == 4
     qwen = render(CATALOG["qwen-image.910b.x1.balanced"])  # generic fallback: CLI flags only
     assert qwen.flags[qwen.flags.index("--distributed-executor-backend") + 1] == TUNED_EXECUTOR
-    ulysses = render(CATALOG["qwen-image.910b.x8.latency"])
-    assert "--distributed-executor-backend" not in ulysses.flags
+    ulysses = render(CATALOG["qwen-image.910b.x8.latency"])  # sequence parallel: the TunedExecutor too
+    assert ulysses.flags[ulysses.flags.index("--distributed-executor-backend") + 1] == TUNED_EXECUTOR
     assert main(["serve", "--preset", "wan2.1-t2v-1.3b.910b.x8.throughput", "--dry-run"]) == 0
     assert f"#   distributed_executor_backend: {TUNED_EXECUTOR}" in capsys.readouterr().out
 

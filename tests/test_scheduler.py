@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from omni_ext.scheduler.cost import job_time_limit_s, updated_rate
-from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout, next_placements
+from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout, Units, next_placements
 
 PAIR, SINGLE, ALL = JobMode.PAIR, JobMode.SINGLE, JobMode.ALL_RANKS
 CFG2 = Layout.regular(num_groups=1, group_size=2)  # [[0, 1]]
@@ -39,6 +39,22 @@ def test_layout_groups_are_vllm_omnis_cfg_groups() -> None:
     assert CFG2_DP2.ranks == (0, 1, 2, 3)
     assert CFG2_DP2.group_of(3) == (2, 3)
     assert CFG1_DP2.groups == ((0,), (1,))
+
+
+def test_a_unit_is_the_sequence_parallel_processes_of_one_cfg_half() -> None:
+    """CFG 2 x Ulysses 2, two data-parallel groups: 8 processes in vLLM-Omni's "tp-sp-pp-cfg-dp" order
+    (SP groups [0,1] [2,3] [4,5] [6,7], CFG groups [0,2] [1,3] [4,6] [5,7]; checked against vLLM-Omni's
+    own RankGenerator in tests/test_executor.py). Placement's rank u is unit u."""
+    units, layout = Units(2), CFG2_DP2
+    assert [units.ranks_of(u) for u in layout.ranks] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert units.expand(layout.groups[1]) == (4, 5, 6, 7)
+    assert [units.unit_of(p) for p in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [units.sp_rank(p) for p in range(8)] == [0, 1] * 4  # the leaders: 0, 2, 4, 6
+    assert [units.cfg_rank(p, 2) for p in range(8)] == [0, 0, 1, 1] * 2
+    busy = {p: None for p in range(8)} | {3: "job-1"}  # one process of unit 1 still finishing
+    assert units.free_units(layout, busy) == [0, 2, 3]
+    # without sequence parallel a unit is one process: the placement ranks are the processes
+    assert Units().expand(layout.ranks) == layout.ranks and Units().cfg_rank(3, 2) == 1
 
 
 @pytest.mark.parametrize(

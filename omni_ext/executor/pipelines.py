@@ -60,7 +60,7 @@ class _TunedCfgMixin:
 
     A PAIR job runs vLLM-Omni's CFG-parallel step unchanged (each rank its own branch, its one
     all-gather, the same combine on both ranks). Before each step both ranks consult the executor's
-    shared board (:func:`omni_ext.executor.role.pair_stop_now`): a cancellation stops both at the
+    shared board (:func:`omni_ext.executor.role.stop_now`): a cancellation stops both at the
     same step boundary, with no extra collective and no host synchronization per step.
 
     vLLM-Omni's own cooperative cancellation (``supports_request_cancellation``) is off here: its
@@ -92,9 +92,9 @@ class _TunedCfgMixin:
         )
 
     def _pair_step(self, true_cfg_scale, positive_kwargs, negative_kwargs, cfg_normalize, output_slice, extra):
-        from omni_ext.executor.role import aborted, pair_stop_now
+        from omni_ext.executor.role import aborted, stop_now
 
-        if pair_stop_now():
+        if stop_now():
             raise aborted("Request cancelled at a denoise step (both CFG ranks stopped together)")
         legacy = tuple(extra.values())  # Wan's PipelineParallelMixin takes no `kwargs`
         return super().predict_noise_maybe_with_cfg(

@@ -32,14 +32,18 @@ from omni_ext.scheduler.placement import JobMode
 @dataclass(frozen=True)
 class RunJob:
     """Run one request. ``mode`` is how this rank runs it (PAIR: one CFG branch of a group of
-    ``cfg_size`` ranks; SINGLE: all of it alone); ``seq`` is what the executor writes into this
-    rank's cancel slot to stop the job (:mod:`omni_ext.executor.role`)."""
+    ``cfg_size`` units; SINGLE: all of it on its unit alone); ``seq`` is what the executor writes
+    into this rank's cancel slot to stop the job (:mod:`omni_ext.executor.role`); ``ranks``: every
+    worker process the job runs on (they agree on a cancel step), ``unit_size``: processes per unit
+    (:class:`~omni_ext.scheduler.placement.Units`, the sequence-parallel size)."""
 
     job_id: str
     req: Any
     mode: JobMode
     cfg_size: int
     seq: int
+    ranks: tuple[int, ...] = ()
+    unit_size: int = 1
 
 
 @dataclass(frozen=True)

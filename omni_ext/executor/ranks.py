@@ -6,6 +6,12 @@ touches the workers only through the two things it is given: ``send(rank, messag
 pipe) and ``cancel_slots`` (the shared-memory slot through which a running rank stops at its next
 step, :mod:`omni_ext.executor.role`). Tests drive it with a list for each.
 
+Placement works on units (:class:`~omni_ext.scheduler.placement.Units`: the sequence-parallel
+processes of one CFG half; one process each without sequence parallel); everything else here is
+per worker process: a unit is free when all of its processes are, a job started on units is sent
+to each of their processes and is done once all of them answered, and a cancel is written into each
+of their slots.
+
 Under one lock, each change to the queue or to the free ranks (a submit, an answer, a cancel, the
 settle timer) asks placement what starts now (:func:`omni_ext.scheduler.placement.next_placements`,
 in the order of the :class:`~omni_ext.scheduler.queue.JobQueue`), marks it started for the API
@@ -56,7 +62,7 @@ class Job:
     steps: int = 0  # denoise steps, for the start marker
     seq: int = 0  # written into the ranks' cancel slots to stop the job while it runs
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    ranks: tuple[int, ...] = ()
+    ranks: tuple[int, ...] = ()  # its worker processes, once started (every process of its units)
     mode: JobMode | None = None  # how its ranks run it, once started
     answered: set[int] = field(default_factory=set)
     started: float | None = None  # monotonic
@@ -81,21 +87,23 @@ class RankQueue:
     ``model_arch``: the served pipeline class (CFG rule and cost units); ``tuned_model``: whether
     omni-ext's pipeline runs it (a request may then use part of a CFG group, else it takes a whole
     group and its warm-up is an ordinary request); ``cfg_mode``: the scheduler's, as it applies to
-    this model; ``small_warmup``: the warm-up runs at a small size (a CPU host).
+    this model; ``small_warmup``: the warm-up runs at a small size (a CPU host); ``units``: the
+    worker processes of each of ``layout``'s ranks (sequence parallel).
     """
 
     def __init__(
         self, layout: Layout, sched: SchedulerConfig, *, model_arch: str | None, tuned_model: bool, cfg_mode: CfgMode,
         send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int], small_warmup: bool = False,
+        units: placement.Units = placement.Units(),
     ) -> None:
-        self.layout, self.sched, self.cfg_mode = layout, sched, cfg_mode
+        self.layout, self.sched, self.cfg_mode, self.units = layout, sched, cfg_mode, units
         self.cfg_size = len(layout.groups[0]) if layout.groups else 1
         self.model_arch, self.tuned_model, self.small_warmup = model_arch, tuned_model, small_warmup
         self.send, self.cancel_slots = send, cancel_slots
         self.lock = threading.Condition(threading.RLock())
         self.jobs: JobQueue[Job] = JobQueue(sched, predict=self._predict)
         self.outputs: dict[str, Job] = {}  # async output id -> job, until the engine collects it
-        self.busy: dict[int, str | None] = {r: None for r in layout.ranks}  # rank -> job or RPC id
+        self.busy: dict[int, str | None] = {p: None for p in units.expand(layout.ranks)}  # process -> job or RPC id
         self.hold = 0  # > 0 while a control-plane RPC waits for every rank to be idle: nothing starts
         self.stopped = False  # the executor failed or shut down: nothing starts
         self._ids = itertools.count(1)
@@ -303,14 +311,15 @@ class RankQueue:
         now = time.monotonic()
         ordered = [e.payload for e in self.jobs.ordered(now, len(self.layout.groups))]  # a job per group: risk seen early
         starts = placement.next_placements(
-            ordered, [r for r, v in self.busy.items() if v is None], self.layout,
+            ordered, self.units.free_units(self.layout, self.busy), self.layout,
             hold=bool(self.hold), cfg_mode=self.cfg_mode, now=now, settle_s=self.sched.settle_s,
         )
         for start in starts:
             self._start(start.job, start.ranks, start.mode, now)
 
-    def _start(self, job: Job, ranks: tuple[int, ...], mode: JobMode, now: float) -> None:
+    def _start(self, job: Job, units: tuple[int, ...], mode: JobMode, now: float) -> None:
         entry = self.entry(job)
+        ranks = self.units.expand(units)  # the leader of the job's first unit first
         job.ranks, job.mode, job.started = ranks, mode, now
         self.jobs.start(job.job_id, now, ranks, key=self.cost_key(job, mode))
         predicted = None if job.warm_up else entry.predicted_s
@@ -325,7 +334,7 @@ class RankQueue:
             self.busy[r] = job.job_id
         for r in ranks:
             try:
-                self.send(r, protocol.RunJob(job.job_id, job.req, mode, self.cfg_size, job.seq))
+                self.send(r, protocol.RunJob(job.job_id, job.req, mode, self.cfg_size, job.seq, ranks, self.units.size))
             except Exception as exc:  # a dead pipe: the monitor reports the death
                 logger.error("omni-ext: could not send request %s to worker %d: %s", job.request_id, r, exc)
         waited = now - entry.ticket.arrival

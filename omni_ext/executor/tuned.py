@@ -13,11 +13,17 @@ settling), what a job is expected to cost and its time limit (:mod:`omni_ext.sch
 whether a request runs CFG and its cost units (:mod:`omni_ext.models.families`); the options are
 :mod:`omni_ext.scheduler.config`.
 
-Processes. ``W = data_parallel_size x cfg_parallel_size`` spawned worker processes
-(:mod:`omni_ext.executor.worker`), rank ``r`` on local device ``r``; group ``g`` is ranks
-``[g*cfg, g*cfg + cfg)``, vLLM-Omni's own layout, and its CFG process group the one vLLM-Omni's
-workers create. ``data_parallel_size`` is the stage's (patch ``dp-world``) or
-``omni_ext.data_parallel_size``.
+Processes. ``W = data_parallel_size x cfg_parallel_size x sequence_parallel_size`` spawned worker
+processes (:mod:`omni_ext.executor.worker`), process ``p`` on local device ``p``, in one
+torch.distributed world with vLLM-Omni's own process groups. Placement sees *units*: the
+``sequence_parallel_size`` (Ulysses x Ring) processes of one CFG half, which always run a job
+together (:class:`~omni_ext.scheduler.placement.Units`: unit ``u`` is processes
+``[u*sp, (u+1)*sp)``, vLLM-Omni's SP group); group ``g`` is units ``[g*cfg, g*cfg + cfg)``, whose
+processes form vLLM-Omni's CFG groups. A job placed on units is sent to every process of them, and
+answered by the leader of the unit holding its output. vLLM-Omni's SP attention runs unchanged
+inside a unit, in either job mode: a SINGLE job (both guidance branches on one unit) never enters
+the CFG all-gather, only its unit's SP collectives. ``data_parallel_size`` is the stage's (patch
+``dp-world``) or ``omni_ext.data_parallel_size``.
 
 Pipes and futures. ``execute_batch`` does not block the engine: it queues each scheduled request as
 a job and returns at once with an ``async_output_id``; the engine waits on ``wait_output_ready``'s
@@ -90,15 +96,15 @@ class TunedExecutor(DiffusionExecutor):
         pc = cfg.parallel_config
         refusal = layout.tuned_refusal(layout.Parallel(
             cfg=int(pc.cfg_parallel_size or 1), tp=int(getattr(pc, "tensor_parallel_size", 1) or 1),
-            # sequence_parallel_size = ulysses x ring (or vLLM-Omni's allgather degree)
-            ulysses=max(1, int(getattr(pc, "sequence_parallel_size", 1) or 1) // int(getattr(pc, "ring_degree", 1) or 1)),
-            ring=int(getattr(pc, "ring_degree", 1) or 1),
+            ulysses=int(getattr(pc, "ulysses_degree", 1) or 1), ring=int(getattr(pc, "ring_degree", 1) or 1),
             pp=int(getattr(pc, "pipeline_parallel_size", 1) or 1),
             vae_patch=int(getattr(pc, "vae_patch_parallel_size", 1) or 1), hsdp=bool(getattr(pc, "use_hsdp", False)),
             step_execution=bool(getattr(cfg, "step_execution", False))))
         if refusal is not None:
             raise ValueError(refusal.message())
         self.cfg_size = int(pc.cfg_parallel_size or 1)
+        # The processes of one unit: Ulysses x Ring, or vLLM-Omni's all-gather degree (its SP group).
+        self.units = placement.Units(int(getattr(pc, "sequence_parallel_size", 1) or 1))
         additional = getattr(cfg, "additional_config", None)
         try:
             self.sched = scheduler_config(additional)
@@ -108,11 +114,12 @@ class TunedExecutor(DiffusionExecutor):
         # own, so vLLM-Omni's start-up counted, split and checked devices for this whole world; the
         # check below is the executor's own (rank r uses local device r), for a start-up without it.
         dp = int(omni_ext_section(additional).get("data_parallel_size") or 0) or int(pc.data_parallel_size or 1)
-        world = dp * self.cfg_size
+        world = dp * self.cfg_size * self.units.size
         visible, source = devices.visible_devices(current_omni_platform)
         if world > visible:
+            sp = f" x sequence_parallel_size {self.units.size}" if self.units.size > 1 else ""
             raise ValueError(
-                f"omni-ext TunedExecutor: data_parallel_size {dp} x cfg_parallel_size {self.cfg_size} needs "
+                f"omni-ext TunedExecutor: data_parallel_size {dp} x cfg_parallel_size {self.cfg_size}{sp} needs "
                 f"{world} devices (one per rank), but {visible} are visible ({source})."
             )
         pc.data_parallel_size = dp
@@ -138,7 +145,7 @@ class TunedExecutor(DiffusionExecutor):
         device_type = self.device_type = getattr(current_omni_platform, "device_type", "cpu")
         worker_env: dict[str, str] = {}
         if device_type == "npu":
-            worker_env = ascend.ascend_worker_env(num_groups=dp, group_size=self.cfg_size)
+            worker_env = ascend.ascend_worker_env(num_groups=dp, group_size=self.cfg_size, unit_size=self.units.size)
         expected = ascend.collective_backend(device_type)
         backend = getattr(current_omni_platform, "dist_backend", expected)
         if device_type in ("npu", "cuda", "cpu") and backend != expected:
@@ -153,7 +160,7 @@ class TunedExecutor(DiffusionExecutor):
         self._launch_workers()
         self.ranks = RankQueue(
             self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
-            send=self._post, cancel_slots=self._cancel_slots, small_warmup=device_type == "cpu",
+            send=self._post, cancel_slots=self._cancel_slots, small_warmup=device_type == "cpu", units=self.units,
         )
         self._lock = self.ranks.lock
         self._threads = [
@@ -165,9 +172,10 @@ class TunedExecutor(DiffusionExecutor):
         for t in self._threads:
             t.start()
         logger.info(
-            "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d, backend %s, scheduler cfg_mode=%s "
-            "order=%s%s%s",
-            world, dp, [list(g) for g in self.layout.groups], self.cfg_size, backend, self.cfg_mode, self.sched.order,
+            "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d x sp %d, backend %s, scheduler "
+            "cfg_mode=%s order=%s%s%s",
+            world, dp, [list(self.units.expand(g)) for g in self.layout.groups], self.cfg_size,
+            self.units.size, backend, self.cfg_mode, self.sched.order,
             "" if self.cfg_mode == self.sched.cfg_mode else f" (configured {self.sched.cfg_mode}: no tuned pipeline)",
             f", worker env {worker_env}" if worker_env else "",
         )
@@ -181,7 +189,7 @@ class TunedExecutor(DiffusionExecutor):
         ctx = multiprocessing.get_context("spawn")
         # One slot per rank: the sequence number of the job that rank must stop (shared memory, so
         # a cancel reaches a rank in the middle of its forward without any message), and the cells
-        # in which a CFG pair agrees on its stop step (omni_ext.executor.role.pair_stop_now).
+        # in which the processes of a job agree on its stop step (omni_ext.executor.role.stop_now).
         self._cancel_slots = new_board(ctx, self.world)
         self._procs: list = []
         self._conns: list = []

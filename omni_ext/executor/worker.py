@@ -22,8 +22,8 @@ import traceback
 from typing import Any
 
 from omni_ext.executor import protocol
-from omni_ext.executor.role import NO_JOB, ROLE, set_role
-from omni_ext.scheduler.placement import JobMode
+from omni_ext.executor.role import NO_JOB, ROLE, answers_output, set_role
+from omni_ext.scheduler.placement import JobMode, Units
 
 logger = logging.getLogger("omni_ext.executor")
 
@@ -102,7 +102,11 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> pr
     from vllm_omni.platforms import current_omni_platform
 
     pair = job.mode == JobMode.PAIR
-    set_role(job.mode, cfg_rank=rank % job.cfg_size if pair else 0, cfg_size=job.cfg_size, seq=job.seq)
+    units = Units(job.unit_size)
+    # The processes that run this job's collectives with this one: all of a pair's, a SINGLE job's unit.
+    together = tuple(job.ranks) if pair else units.ranks_of(units.unit_of(rank))
+    set_role(job.mode, cfg_rank=units.cfg_rank(rank, job.cfg_size) if pair else 0, cfg_size=job.cfg_size,
+             seq=job.seq, ranks=together, sp_rank=units.sp_rank(rank))
     t0 = time.perf_counter()
     _reset_peak(current_omni_platform)
     try:
@@ -110,8 +114,8 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> pr
     except Exception as exc:
         logger.exception("omni-ext worker %d: request %s failed", rank, getattr(job.req, "request_id", job.job_id))
         out = DiffusionOutput(error=f"{type(exc).__name__}: {exc}")
-        ROLE.owner = True  # report the error from every rank that saw it
-    owner = ROLE.owner if pair else True
+        ROLE.owner, ROLE.sp_rank = True, 0  # report the error from every rank that saw it
+    owner = answers_output() if pair else ROLE.sp_rank == 0
     set_role(NO_JOB)
     if owner and isinstance(out, DiffusionOutput):
         out.peak_memory_mb = max(float(out.peak_memory_mb or 0.0), _peak_mb(current_omni_platform))

@@ -277,6 +277,19 @@ COUPLINGS: tuple[Coupling, ...] = (
         value="num_devices_per_stage = od_config.parallel_config.world_size",
         token="build_diffusion_config",
     ),
+    Coupling(
+        name="vllm_omni.diffusion.distributed.parallel_state:_initialize_model_parallel",
+        kind="call",
+        why=(
+            "The TunedExecutor's sequence-parallel units (omni_ext.scheduler.placement.Units) are vLLM-Omni's SP "
+            "groups only because vLLM-Omni orders ranks tp-sp-pp-cfg-dp: unit u is processes [u*sp, (u+1)*sp), "
+            "a CFG group pairs the same place of two units. Another order would send a job to processes of "
+            "different SP groups."
+        ),
+        used_in="omni_ext.scheduler.placement",
+        value='order="tp-sp-pp-cfg-dp"',
+        token='"tp-sp-pp-cfg-dp"',
+    ),
     # ---- TunedExecutor outputs through shared memory (omni_ext.executor.protocol) -----------------
     *_used_together(
         "A job's output leaves a TunedExecutor worker in vLLM-Omni's shared-memory segment format: its "

@@ -31,7 +31,7 @@ Rules, in queue order:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, Protocol, TypeVar
@@ -82,7 +82,8 @@ class JobNeeds:
 @dataclass(frozen=True)
 class Layout:
     """The worker ranks as CFG groups: group ``g`` of a regular layout is ranks ``[g*size, (g+1)*size)``,
-    vLLM-Omni's own CFG process groups."""
+    vLLM-Omni's own CFG process groups. Under sequence parallel each rank here is a unit of
+    processes (:class:`Units`)."""
 
     groups: tuple[tuple[int, ...], ...]
 
@@ -96,6 +97,48 @@ class Layout:
 
     def group_of(self, rank: int) -> tuple[int, ...]:
         return next(g for g in self.groups if rank in g)
+
+
+@dataclass(frozen=True)
+class Units:
+    """Placement's ranks are *units*: ``size`` worker processes that always run a job together, the
+    sequence-parallel group of one CFG half (Ulysses x Ring, or vLLM-Omni's all-gather degree; 1
+    without sequence parallel). Placement, the queue and the layout's groups count units; the
+    executor fans a job out to every process of its units and takes the answer from a unit's leader.
+
+    Why unit ``u`` is processes ``[u*size, (u+1)*size)``: vLLM-Omni orders its ranks
+    ``order="tp-sp-pp-cfg-dp"`` (``RankGenerator`` in ``diffusion/distributed/parallel_state.py``
+    ``_initialize_model_parallel``; a coupling in :mod:`omni_ext.patches.couplings`), so with TP and PP 1 (the TunedExecutor refuses them) process
+    ``p = sp_rank + size * (cfg_rank + cfg * dp_rank)``: its SP groups are the contiguous blocks of
+    ``size`` processes, and a CFG group pairs process ``s`` of one unit with process ``s`` of the
+    next (``[s, s + size]``). Unit ``u = cfg_rank + cfg * dp_rank`` is then exactly placement's rank
+    ``u`` of :meth:`Layout.regular`."""
+
+    size: int = 1
+
+    def ranks_of(self, unit: int) -> tuple[int, ...]:
+        """The worker processes of ``unit``, its leader first."""
+        return tuple(range(unit * self.size, (unit + 1) * self.size))
+
+    def expand(self, units: Iterable[int]) -> tuple[int, ...]:
+        """The worker processes of ``units``, in unit order (the first unit's leader first)."""
+        return tuple(p for u in units for p in self.ranks_of(u))
+
+    def unit_of(self, rank: int) -> int:
+        return rank // self.size
+
+    def sp_rank(self, rank: int) -> int:
+        """The process's rank in its unit (vLLM-Omni's ``get_sequence_parallel_rank``); 0: the leader,
+        the one process of the unit that answers with the output."""
+        return rank % self.size
+
+    def cfg_rank(self, rank: int, cfg_size: int) -> int:
+        """The process's CFG rank (vLLM-Omni's ``get_classifier_free_guidance_rank``)."""
+        return self.unit_of(rank) % cfg_size
+
+    def free_units(self, layout: Layout, busy: Mapping[int, object]) -> list[int]:
+        """The units of ``layout`` none of whose processes is busy (``busy``: process -> what it runs, None if idle)."""
+        return [u for u in layout.ranks if all(busy.get(p) is None for p in self.ranks_of(u))]
 
 
 class Queued(Protocol):
