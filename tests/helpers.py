@@ -250,7 +250,7 @@ START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 #: descheduled: 9x slower in a test run), a bound on the predicted wait that admits 20 long requests,
 #: and max_queued 24 so that "full" is a known number of jobs.
 DRILL_ARGS = ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor",
-              "--additional-config", '{"omni_ext": {"scheduler": {"max_wait_s": 600}}}']
+              "--additional-config", '{"omni_ext": {"scheduler": {"max_wait_s": 3600}}}']
 DRILL_ENV = {"OMNI_EXT_API_MAX_QUEUED": "24", "OMP_NUM_THREADS": "1"}
 #: The deploy YAML of two vLLM-Omni replicas in one server, each a TunedExecutor of one worker
 #: (tests/test_replicas.py's own server).

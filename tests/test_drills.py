@@ -228,7 +228,7 @@ def test_load_200_requests_32_sdk_clients_leaks_nothing(server_pool) -> None:
 N_GONE = 20
 # A sync video of 200 steps (the most a request may ask) at 128x128: seconds on this host, so 20 of
 # them would hold the worker for tens of seconds; the predicted wait of all 20 stays inside
-# wan-drill's 600 s bound.
+# wan-drill's 3600 s bound.
 LONG = {**TINY, "size": "128x128", "num_frames": 9, "num_inference_steps": 200}
 
 
@@ -506,7 +506,8 @@ def test_unwritable_media_directory_fails_jobs_with_storage_error(server_pool) -
 # ---- restart with a full queue -----------------------------------------------------------------------
 # 100 steps at 64x64x9 (over a second each on a drill server's worker): none finishes while the 24 are
 # sent (which would free a place and let a 25th in), the queue is still full at the restart, and 24
-# of them are predicted well inside the 600 s bound (so "full" is max_queued's 24, not the bound).
+# of them are predicted well inside the 3600 s bound (so "full" is max_queued's 24, not the bound: on a
+# slowed host a CI run predicted 33.9 s each, and 600 s refused the 18th).
 QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 100, "negative_prompt": "blurry"}
 
 
