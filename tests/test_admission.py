@@ -503,3 +503,38 @@ def test_a_sync_client_that_disconnects_frees_its_slot(server_pool) -> None:
     # run at once (the engine aborted it at its next step).
     assert quick.status_code == 200, quick.text[:300]
     assert time.monotonic() - t0 < 15
+
+
+def test_slo_attainment_judges_each_finished_job_by_its_deadline_as_admitted() -> None:
+    import gc
+
+    from omni_ext.api import metrics
+
+    queue, clock, files = fake_queue(max_wait_s=10.0)  # 1 s predicted per job: deadline 3 s after arrival
+    queue.admit("a", 0, SHAPE)
+    queue.admit("b", 0, SHAPE)
+    queue.admit("tight", 0, SHAPE, deadline_s=0.5)  # the request's own deadline
+    queue.admit("gone", 0, SHAPE)
+    for job in ("a", "b", "tight"):  # one after the other, 1 s each: done at 1, 2 and 3 s
+        files[job] = StepProgress(0, 4, t_start=clock.t, t_last=clock.t, mode="single")
+        assert queue.running(job)
+        clock.t += 1.0
+        queue.finish(job)
+    queue.cancel("gone", "deleted")  # cancelled: not judged
+    assert queue.slo_counts(300) == (2, 3)  # a and b within 3 s; tight missed its 0.5 s
+    gc.collect()  # other tests' queues
+    live = [q.slo_counts(300) for q in list(metrics._DEPTH.queues)]
+    assert sample("omni_ext:slo_attainment", window="300s") == pytest.approx(
+        sum(m for m, _ in live) / sum(n for _, n in live))
+    clock.t += 400
+    assert queue.slo_counts(300) == (0, 0) and queue.slo_counts(3600) == (2, 3)
+
+
+def test_attainment_keeps_the_longest_window_only() -> None:
+    from omni_ext.scheduler.slo import Attainment
+
+    att = Attainment((10.0, 100.0))
+    assert att.record(5.0, deadline=6.0) is True and att.record(7.0, deadline=6.0) is False
+    assert att.counts(8.0, 10.0) == (1, 2)
+    att.record(200.0, deadline=250.0)  # the first two are past the longest window now: dropped
+    assert len(att.finished) == 1 and att.counts(200.0, 100.0) == (1, 1)

@@ -7,7 +7,7 @@ the same style (a ``omni_ext:`` namespace; counters exposed with ``_total``). Wi
 server processes (``--api-server-count`` > 1) vLLM switches to a multiprocess registry, and each
 process would account for its own requests only; omni-ext's scheduler assumes one API process.
 
-``omni_ext:queue_depth`` is computed when ``/metrics`` is scraped (a collector reading the live
+``omni_ext:queue_depth`` and ``omni_ext:slo_attainment`` are computed when ``/metrics`` is scraped (a collector reading the live
 request queues), so it is never stale between requests; the rest are updated as things happen.
 """
 
@@ -60,6 +60,8 @@ JOB_SECONDS = Histogram(
 class QueueLike(Protocol):
     def depth_by_priority(self) -> dict[int, int]: ...
 
+    def slo_counts(self, window_s: float) -> tuple[int, int]: ...
+
 
 class _QueueDepth:
     """``omni_ext:queue_depth{priority}``: jobs admitted and not yet started, summed over the live
@@ -86,6 +88,38 @@ class _QueueDepth:
 
 _DEPTH = _QueueDepth()
 REGISTRY.register(_DEPTH)
+
+SLO_ATTAINMENT = PREFIX + "slo_attainment"
+SLO_ATTAINMENT_HELP = ("Share of the requests finished in the last window that met their deadline as admitted "
+                       "(omni_ext.scheduler.slo_factor x predicted standalone time, or the request's deadline_s); "
+                       "no sample for a window with none.")
+
+
+class _SloAttainment:
+    """``omni_ext:slo_attainment{window}``, summed over the live request queues like the depth."""
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(SLO_ATTAINMENT, SLO_ATTAINMENT_HELP, labels=["window"])
+
+    def collect(self) -> Iterator[Metric]:
+        from omni_ext.scheduler.slo import WINDOWS_S
+
+        family = GaugeMetricFamily(SLO_ATTAINMENT, SLO_ATTAINMENT_HELP, labels=["window"])
+        for window in WINDOWS_S:
+            met = total = 0
+            for queue in list(_DEPTH.queues):
+                try:
+                    m, n = queue.slo_counts(window)
+                except Exception:  # never break vLLM's /metrics over omni-ext's gauge
+                    logger.exception("omni-ext: reading SLO attainment failed")
+                    continue
+                met, total = met + m, total + n
+            if total:
+                family.add_metric([f"{window:.0f}s"], met / total)
+        yield family
+
+
+REGISTRY.register(_SloAttainment())
 
 
 def track(queue: QueueLike) -> None:

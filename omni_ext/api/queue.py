@@ -37,6 +37,7 @@ from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predi
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel
 from omni_ext.scheduler.queue import Entry, JobQueue
+from omni_ext.scheduler.slo import Attainment
 
 logger = logging.getLogger("omni_ext.api")
 
@@ -44,10 +45,12 @@ logger = logging.getLogger("omni_ext.api")
 class Tracked:
     """What the account keeps of an admitted job beside its queue entry: the priority the client
     asked for (the entry's is 0 under vLLM-Omni's executor, which runs first come first served)
-    and its latest progress file."""
+    its latest progress file, and its deadline as admitted (monotonic seconds; None while no rate was
+    known), which SLO attainment judges it by (:mod:`omni_ext.scheduler.slo`)."""
 
     priority: int
     step: StepProgress | None = None
+    deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class RequestQueue:
         self.admission = Admission(self.config, max(1, slots))
         self.clock, self.wall, self.progress = clock, wall, progress
         self.live_slots, self.bound_since = live_slots, bound_since
+        self.attainment = Attainment()
         metrics.track(self)
 
     @property
@@ -152,6 +156,7 @@ class RequestQueue:
             raise self._refusal(decision)
         metrics.ADMITTED.inc()
         metrics.PREDICTED_WAIT.observe(decision.wait_s)
+        entry.payload.deadline = entry.ticket.deadline(self.config.slo_factor)
         known = entry.ticket.predicted_s is not None  # priced: a rate is known
         return Admitted(self, job_id, decision, QueueView(decision.position, decision.wait_s if known else None))
 
@@ -168,9 +173,12 @@ class RequestQueue:
         if entry is None:
             return None
         self._update(entry)
-        seconds = self.jobs.finish(job_id, self.clock())
+        now = self.clock()
+        seconds = self.jobs.finish(job_id, now)
         if seconds is not None:
             metrics.JOB_SECONDS.labels(self.model).observe(seconds)
+            if entry.payload.deadline is not None:
+                self.attainment.record(now, entry.payload.deadline)
         return seconds
 
     def cancel(self, job_id: str, reason: str) -> bool:
@@ -216,6 +224,10 @@ class RequestQueue:
         if self.cost.rate() is not None:
             wait = round(predict_start(running, [t.predicted_s or 0.0 for t in queued], self.slots), 1)
         return {"running": len(running), "queued": len(queued), "slots": self.slots, "predicted_wait_s": wait}
+
+    def slo_counts(self, window_s: float) -> tuple[int, int]:
+        """(met, finished) of the requests with a deadline that finished within ``window_s``."""
+        return self.attainment.counts(self.clock(), window_s)
 
     def depth_by_priority(self) -> dict[int, int]:
         """Queued (not yet started) jobs per requested priority."""
