@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from omni_ext.api import limits
 from omni_ext.api.disconnect import ClientGone, run_admitted
@@ -423,6 +424,11 @@ def test_scheduler_metrics_on_the_servers_metrics_endpoint(burst) -> None:
     assert scrape(server, "omni_ext:requests_refused_total", reason="queue_full") >= 1
     assert scrape(server, "omni_ext:predicted_wait_seconds_count") >= n
     assert scrape(server, "omni_ext:job_seconds_count") >= n
+    # the burst's jobs had deadlines (the server's cost seed predicts them): their attainment is reported
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    att = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+           if s.name == "omni_ext:slo_attainment" and s.labels == {"window": "300s"}]
+    assert len(att) == 1 and 0.0 <= att[0] <= 1.0, att
 
 
 def test_openai_sdk_rides_out_a_full_server(server_pool) -> None:
