@@ -156,7 +156,7 @@ class RequestQueue:
             raise self._refusal(decision)
         metrics.ADMITTED.inc()
         metrics.PREDICTED_WAIT.observe(decision.wait_s)
-        entry.payload.deadline = entry.ticket.deadline(self.config.slo_factor)
+        entry.payload.deadline = decision.deadline
         known = entry.ticket.predicted_s is not None  # priced: a rate is known
         return Admitted(self, job_id, decision, QueueView(decision.position, decision.wait_s if known else None))
 

@@ -232,6 +232,7 @@ class Decision:
     position: int
     retry_after_s: float | None = None
     reason: str = "admitted"  # or "queue_full": the word metrics count refusals by
+    deadline: float | None = None  # an admitted request's deadline as admitted (``Ticket.deadline``)
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ class Admission:
         overtakes = self._breaks_promises(now, running_remaining, others, peers, with_new)
         if est.start_in_s <= self.config.max_wait_s and not overtakes:
             self._redeem(now)
-            return Decision(True, est.start_in_s, est.position)
+            return Decision(True, est.start_in_s, est.position, deadline=new.deadline(self.config.slo_factor))
         if overtakes:  # it may come back once those peers fit the bound
             ahead = [_seconds(t) for t in peers]
         else:
