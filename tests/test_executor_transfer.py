@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import process_context
+
 SHM = Path("/dev/shm")
 
 
@@ -229,7 +231,7 @@ def test_cfg_pair_has_no_per_step_host_sync_and_both_ranks_stop_at_the_same_step
 
     from omni_ext.executor.role import new_board
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     board = new_board(ctx, 2)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -330,6 +332,7 @@ def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> N
     dist.destroy_process_group()
 
 
+@pytest.mark.spawns
 def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
     """A cancelled job stops at the same step on every process that shares its collectives: the four
     of a CFG 2 x SP 2 pair, the two of a unit running a SINGLE job (while the other unit runs another
@@ -340,7 +343,7 @@ def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
 
     from omni_ext.executor.role import new_board
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     board = new_board(ctx, 4)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

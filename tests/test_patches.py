@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from omni_ext import patches as reg
+from tests.helpers import process_context
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -299,14 +300,13 @@ def _gloo_rank(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.spawns
 def test_gloo_shared_device_groups_still_talk() -> None:
     """Seven gloo groups (WORLD + 6) on the shared device: collectives on each are right, one loop
     thread per process, and torch's isinstance checks still see a ProcessGroupGloo."""
-    import torch.multiprocessing as mp
-
     from omni_ext.server_process import free_port
 
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_gloo_rank, args=(r, port, results)) for r in range(2)]
