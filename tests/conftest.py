@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from omni_ext.server_process import ServeProcess
-from tests.helpers import DRILL_ARGS, DRILL_ENV, START_TIMEOUT_S
+from tests.helpers import DRILL_ARGS, DRILL_ENV, START_TIMEOUT_S, own_servers, prestart, stop_prestarted
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -78,8 +78,9 @@ def mount_tmpfs(path: Path, size_mb: int) -> str | None:
 
 
 def _own_servers(item: pytest.Item) -> bool:
-    """A test that starts servers of its own (marked ``server``, not using the shared pool)."""
-    return item.get_closest_marker("server") is not None and "server_pool" not in getattr(item, "fixturenames", ())
+    """A test that starts servers of its own (marked ``server`` or ``own_servers``, not using the shared pool)."""
+    marked = item.get_closest_marker("server") or item.get_closest_marker("own_servers")
+    return marked is not None and "server_pool" not in getattr(item, "fixturenames", ())
 
 
 def _spawns(item: pytest.Item) -> bool:
@@ -122,12 +123,73 @@ def _start_the_pool_early(request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("server_pool").start()
 
 
+_MODELS = pytest.StashKey[dict]()
+#: Start the next test's own servers ahead only while this much memory is available (GiB): the two
+#: sequence-parallel tests' servers together are 20 processes.
+AHEAD_MIN_AVAILABLE_GIB = 9.0
+
+
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def tiny_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from omni_ext.models.tiny import MODELS, build_tiny_model
 
     root = tmp_path_factory.mktemp("models")
-    return {m: build_tiny_model(m, root / m) for m in MODELS}
+    models = {m: build_tiny_model(m, root / m) for m in MODELS}
+    request.config.stash[_MODELS] = models
+    return models
+
+
+@pytest.fixture
+def own(request: pytest.FixtureRequest, tiny_models: dict[str, Path], tmp_path: Path):
+    """The servers the test's ``own_servers(model, specs, deploy=None, ready=True)`` marker declares
+    (name -> ServeProcess, :func:`tests.helpers.own_servers`): started ahead while the test before ran,
+    when :func:`pytest_runtest_call` could."""
+    marker = request.node.get_closest_marker("own_servers")
+    model, specs, deploy = _declared(marker, tiny_models)
+    with own_servers(model, tmp_path, specs, deploy, ready=marker.kwargs.get("ready", True)) as procs:
+        yield procs
+
+
+def _declared(marker: pytest.Mark, models: dict[str, Path]) -> tuple[Path, dict, dict | None]:
+    """An ``own_servers`` marker's (model path, specs, deploy): ``(model, specs, deploy=None)``, or one
+    callable of the tiny models that returns them (a preset rendered for a tiny model; mark it with
+    ``pytest.mark.own_servers.with_args(callable)``, as pytest takes a lone callable for the test)."""
+    if callable(marker.args[0]):
+        return marker.args[0](models)
+    model, specs = marker.args
+    return models[model], specs, marker.kwargs.get("deploy")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """While an own-server test runs, start the servers of the next test if its ``own_servers`` marker
+    declares them: the own-server tests keep ~1.3 of the two cores busy (requests on one-thread
+    workers, waits for heartbeats and restarts), and a start is ~30-60 s of both cores."""
+    _start_next_ahead(item)
+    yield
+
+
+def _start_next_ahead(item: pytest.Item) -> None:
+    items = item.session.items
+    models = item.config.stash.get(_MODELS, None)
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1" or models is None or not _own_servers(item):
+        return
+    index = items.index(item)
+    marker = items[index + 1].get_closest_marker("own_servers") if index + 1 < len(items) else None
+    if marker is None:
+        return
+    import psutil
+
+    available = psutil.virtual_memory().available / 2**30
+    if available < AHEAD_MIN_AVAILABLE_GIB:
+        print(f"\n[servers] not starting {items[index + 1].name}'s servers ahead: {available:.1f} GiB available")
+        return
+    workdir = item.config._tmp_path_factory.mktemp("ahead")  # type: ignore[attr-defined]
+    prestart(*_declared(marker, models), workdir=workdir)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_prestarted()
 
 
 class ServerPool:

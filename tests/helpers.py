@@ -259,46 +259,76 @@ REPLICAS2_DEPLOY = {"async_chunk": False, "stages": [{
     "flow_shift": 5.0, "boundary_ratio": 0.875}]}
 
 
+#: Own servers started ahead of their test (:func:`prestart`), by :func:`_spec_key`; not waited for yet.
+_AHEAD: dict[tuple, ServeProcess] = {}
+
+
+def _spec_key(model: Path, name: str, args: list[str], env: dict[str, str], deploy: dict | None) -> tuple:
+    return str(model), name, tuple(args), tuple(sorted(env.items())), repr(deploy)
+
+
+def _launch(model: Path, workdir: Path, name: str, args: list[str], env: dict[str, str],
+            deploy: dict | None) -> ServeProcess:
+    (workdir / name).mkdir(parents=True, exist_ok=True)
+    if deploy is not None:
+        import yaml
+
+        (workdir / name / "deploy.yaml").write_text(yaml.safe_dump(deploy, sort_keys=False))
+        args = [*args, "--deploy-config", str(workdir / name / "deploy.yaml")]
+    return ServeProcess(
+        model=str(model), args=list(args), log_path=workdir / name / "serve.log",
+        env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(workdir / name / "storage"),
+             "OMNI_EXT_API_DATA_DIR": str(workdir / name / "api"), "OMP_NUM_THREADS": "1", **env}).start()
+
+
+def prestart(model: Path, specs: dict[str, tuple[list[str], dict[str, str]]], deploy: dict | None = None, *,
+             workdir: Path) -> None:
+    """Start the servers that :func:`own_servers` will be asked for with the same arguments, without
+    waiting for them: tests/conftest.py starts the next own-server test's servers while the current
+    test runs (own-server tests keep ~1.3 of the two cores busy; a start is ~30-60 s of both)."""
+    for name, (args, env) in specs.items():
+        key = _spec_key(model, name, args, env, deploy)
+        if key not in _AHEAD:
+            _AHEAD[key] = _launch(model, workdir, name, args, env, deploy)
+
+
+def stop_prestarted() -> None:
+    """Stop servers started ahead whose test never asked for them (it was deselected or skipped)."""
+    while _AHEAD:
+        _AHEAD.popitem()[1].stop()
+
+
 @contextlib.contextmanager
 def own_servers(model: Path, workdir: Path, specs: dict[str, tuple[list[str], dict[str, str]]],
-                deploy: dict | None = None) -> Iterator[dict[str, ServeProcess]]:
+                deploy: dict | None = None, ready: bool = True) -> Iterator[dict[str, ServeProcess]]:
     """``vllm-omni serve`` processes for tests of their own, name -> (args, env), started together (two
-    starts overlap on the two cores) and stopped afterwards; each has its storage and API data directory
-    under ``workdir / name`` and one thread per process unless its env says otherwise (``deploy``: a
-    deploy YAML for each). Their tests are marked ``server`` and do not use ``server_pool``, so conftest
-    runs them before the shared pool is up (the pool alone holds ~19 GiB of the host's 24). A test that
-    kills or restarts a server takes one of these for itself alone: none other shares it, so none depends
-    on running before it."""
+    starts overlap on the two cores), or adopted from :func:`prestart`, and stopped afterwards; each has
+    its storage and API data directory under ``workdir / name`` (a prestarted one: under the directory
+    it was started in) and one thread per process unless its env says otherwise (``deploy``: a deploy
+    YAML for each; ``ready=False``: not waited for, a test of a refused start). Their tests are marked ``server`` and do not use ``server_pool``, so conftest runs
+    them before the shared pool is up (the pool alone holds ~19 GiB of the host's 24). A test that kills
+    or restarts a server takes one of these for itself alone: none other shares it, so none depends on
+    running before it."""
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
         pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts a vllm-omni server of its own")
     procs: dict[str, ServeProcess] = {}
+    ahead: set[str] = set()
     try:
         for name, (args, env) in specs.items():
-            (workdir / name).mkdir(parents=True, exist_ok=True)
-            if deploy is not None:
-                import yaml
-
-                (workdir / name / "deploy.yaml").write_text(yaml.safe_dump(deploy, sort_keys=False))
-                args = [*args, "--deploy-config", str(workdir / name / "deploy.yaml")]
-            procs[name] = ServeProcess(
-                model=str(model), args=list(args), log_path=workdir / name / "serve.log",
-                env={"VLLM_OMNI_SERVER_STORAGE__PATH": str(workdir / name / "storage"),
-                     "OMNI_EXT_API_DATA_DIR": str(workdir / name / "api"), "OMP_NUM_THREADS": "1", **env}).start()
-        for name, proc in procs.items():
+            proc = _AHEAD.pop(_spec_key(model, name, args, env, deploy), None)
+            if proc is not None:
+                ahead.add(name)
+            procs[name] = proc or _launch(model, workdir, name, args, env, deploy)
+        for name, proc in procs.items() if ready else ():
             proc.wait_ready(START_TIMEOUT_S)
-            print(f"\n[servers] own server {name}: ready after {proc.ready_after_s:.1f} s ({proc.log_path})")
+            how = " (started ahead, during the test before)" if name in ahead else ""
+            print(f"\n[servers] own server {name}: ready after {proc.ready_after_s:.1f} s{how} ({proc.log_path})")
         yield procs
     finally:
         for proc in procs.values():
             proc.stop()
-
-
-@contextlib.contextmanager
-def own_server(model: Path, workdir: Path, args: list[str] | tuple = (), env: dict[str, str] | None = None,
-               deploy: dict | None = None) -> Iterator[ServeProcess]:
-    """One server of :func:`own_servers`, for one test."""
-    with own_servers(model, workdir.parent, {workdir.name: (list(args), env or {})}, deploy) as procs:
-        yield procs[workdir.name]
+            with contextlib.suppress(ProcessLookupError):  # what a server that exited left in its session
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def restart_server(server: ServeProcess, *, kill: bool = False) -> int | None:
@@ -321,7 +351,8 @@ def restart_server(server: ServeProcess, *, kill: bool = False) -> int | None:
 #: omni-ext's executor roles): loaded once by a fork server that forks each of them, instead of ~11 s
 #: of imports per spawned process (four processes on two cores: ~25 s before the first collective).
 PRELOAD = ("torch", "torch.distributed", "vllm_omni.diffusion.data", "vllm_omni.diffusion.distributed.cfg_parallel",
-           "omni_ext.executor.role", "omni_ext.executor.pipelines")
+           "omni_ext.executor.role", "omni_ext.executor.pipelines", "omni_ext.executor.vae_pipeline",
+           "omni_ext.models.tiny")
 
 
 def process_context():

@@ -4,8 +4,6 @@ more devices than are visible is refused at start-up with both numbers."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +11,6 @@ import pytest
 
 from omni_ext.patches import dp_world
 from omni_ext.platform.devices import visible_devices
-from omni_ext.server_process import ServeProcess
 
 TUNED = "omni_ext.executor.TunedExecutor"
 
@@ -83,50 +80,33 @@ def test_stage_world_counts_omni_ext_dp(name: str, tiny_models, monkeypatch: pyt
 
 
 @pytest.mark.server
-def test_dp_beyond_visible_devices_refused_at_start(tiny_models, tmp_path: Path) -> None:
+@pytest.mark.own_servers("wan2.1-t2v", {"dp2-one-device": (
+    ["--distributed-executor-backend", TUNED, "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}'],
+    {"OMNI_EXT_CPU_VISIBLE_DEVICES": "0"})}, ready=False)
+def test_dp_beyond_visible_devices_refused_at_start(own) -> None:
     """A real ``vllm-omni serve`` with 2 data-parallel groups and one visible (CPU) device stops at
     start-up naming both numbers, instead of losing a rank in set_device."""
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1")
-    proc = ServeProcess(model=str(tiny_models["wan2.1-t2v"]),
-                        args=["--distributed-executor-backend", TUNED, "--additional-config",
-                              '{"omni_ext": {"data_parallel_size": 2}}'],
-                        env={"OMNI_EXT_CPU_VISIBLE_DEVICES": "0"}, log_path=tmp_path / "serve.log").start()
-    try:
-        proc.proc.wait(timeout=300)
-        log = proc.log_text()
-        assert proc.proc.returncode != 0
-        assert "Stage 0 requires 2 device(s) based on parallel_config, but 1 device(s) are available" in log, \
-            proc.log_tail()
-        assert "exited during start-up" not in log
-    finally:
-        proc.stop()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything of its session left behind
-        except ProcessLookupError:
-            pass
+    proc = own["dp2-one-device"]
+    proc.proc.wait(timeout=300)
+    log = proc.log_text()
+    assert proc.proc.returncode != 0
+    assert "Stage 0 requires 2 device(s) based on parallel_config, but 1 device(s) are available" in log, \
+        proc.log_tail()
+    assert "exited during start-up" not in log
 
 
 @pytest.mark.server
-def test_vae_patch_parallel_refused_at_start_with_the_alternative(tiny_models, tmp_path: Path) -> None:
+@pytest.mark.own_servers("wan2.1-t2v", {"vae-patch-parallel": (
+    ["--distributed-executor-backend", TUNED, "--cfg-parallel-size", "2", "--vae-patch-parallel-size", "2"], {})},
+    ready=False)
+def test_vae_patch_parallel_refused_at_start_with_the_alternative(own) -> None:
     """vLLM-Omni's VAE patch parallel runs world-group collectives that ranks running different
     requests would never all enter: the TunedExecutor stops at start-up naming the flag and what to
     do instead (it splits the VAE decode itself), not a hang at the first decode."""
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1")
-    proc = ServeProcess(model=str(tiny_models["wan2.1-t2v"]),
-                        args=["--distributed-executor-backend", TUNED, "--cfg-parallel-size", "2",
-                              "--vae-patch-parallel-size", "2"], log_path=tmp_path / "serve.log").start()
-    try:
-        proc.proc.wait(timeout=300)
-        assert proc.proc.returncode != 0
-        assert "omni-ext TunedExecutor: drop --vae-patch-parallel-size 2" in proc.log_text(), proc.log_tail()
-    finally:
-        proc.stop()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    proc = own["vae-patch-parallel"]
+    proc.proc.wait(timeout=300)
+    assert proc.proc.returncode != 0
+    assert "omni-ext TunedExecutor: drop --vae-patch-parallel-size 2" in proc.log_text(), proc.log_tail()
 
 
 # ---- CPU_AFFINITY_CONF per replica (omni_ext.executor.ascend) ---------------------------------------

@@ -43,7 +43,7 @@ from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.intake import ModelLimits
 from omni_ext.server_process import ServeProcess
 from tests.helpers import (
-    DRILL_ARGS, DRILL_ENV, events_mark, fill, new_events, own_servers, placements, restart_server, scrape,
+    DRILL_ARGS, DRILL_ENV, events_mark, fill, new_events, placements, restart_server, scrape,
     serve_in_process, video_sync, wait_all, wait_idle,
 )
 from tests.media import decode_mp4
@@ -515,23 +515,17 @@ QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 100, "negativ
 RESTART_TTL_S = 3600
 
 
-@pytest.fixture
-def restart_server_alone(tiny_models, tmp_path: Path):
-    """A server for the restart drill alone, configured as wan-drill (a plain data directory)."""
-    with own_servers(tiny_models["wan2.1-t2v"], tmp_path,
-                     {"restart": (DRILL_ARGS, {**DRILL_ENV, "OMNI_EXT_API_TTL_S": str(RESTART_TTL_S)})}) as servers:
-        yield servers["restart"]
-
-
 @pytest.mark.server
-def test_restart_with_a_full_queue_keeps_every_promise(restart_server_alone: ServeProcess) -> None:
+@pytest.mark.own_servers(  # a server for the restart drill alone, configured as wan-drill (a plain data directory)
+    "wan2.1-t2v", {"restart": (DRILL_ARGS, {**DRILL_ENV, "OMNI_EXT_API_TTL_S": str(RESTART_TTL_S)})})
+def test_restart_with_a_full_queue_keeps_every_promise(own: dict[str, ServeProcess]) -> None:
     """Twice on one server of this test's own: fill it up to ``max_queued`` (24; the next create gets
     429), stop it (first SIGTERM to its process group, as an operator or systemd does; then SIGKILL,
     as the OOM killer or a lost host does) and start it again: every admitted job is completed (and its
     mp4 decodes) or failed ``server_restarted``, none is left queued or running, the job that was
     generating at a SIGKILL is ``server_restarted``, the finished job from before is intact (with its
     ``expires_at``), and the new process serves."""
-    server = restart_server_alone
+    server = own["restart"]
     for kill in (False, True):
         name = "sigkill" if kill else "sigterm"
         done_id, done_mp4 = completed_video(server, seed=41 + 2 * kill)

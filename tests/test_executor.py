@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from tests.helpers import (
-    IMAGE, rank_queue, events_mark, new_events, own_server, png_from, placements, video_sync, wait_for_events,
+    IMAGE, rank_queue, events_mark, new_events, png_from, placements, video_sync, wait_for_events,
     wan_request,
 )
 
@@ -540,17 +540,11 @@ def test_each_job_reports_the_peak_memory_of_its_own_rank(server_pool) -> None:
 # 3. Failure: a killed worker fails its request fast and /health says so (on a server of its own,
 #    configured as wan-tuned-dp2: the other group's worker, alive and idle, is stopped too)
 # --------------------------------------------------------------------------------------------------
-@pytest.fixture
-def tuned_dp2(tiny_models, tmp_path: Path):
-    with own_server(tiny_models["wan2.1-t2v"], tmp_path / "tuned-dp2",
-                    ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor",
-                     "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}']) as server:
-        yield server
-
-
 @pytest.mark.server
-def test_killed_worker_fails_request_fast_and_health_reports_it(tuned_dp2) -> None:
-    server = tuned_dp2
+@pytest.mark.own_servers("wan2.1-t2v", {"tuned-dp2": (["--distributed-executor-backend", "omni_ext.executor.TunedExecutor",
+                                                      "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}'], {})})
+def test_killed_worker_fails_request_fast_and_health_reports_it(own) -> None:
+    server = own["tuned-dp2"]
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
     pids = {int(m.group(1)): int(m.group(2)) for m in re.finditer(r"loaded in DiffusionWorker-(\d+) \(pid (\d+)", server.log_text())}
     assert set(pids) == {0, 1}, pids

@@ -15,7 +15,6 @@ are in ``tests/test_executor.py`` (they share its servers).
 from __future__ import annotations
 
 import multiprocessing
-import os
 import random
 from pathlib import Path
 

@@ -664,48 +664,45 @@ def _own_servers_allowed() -> None:
         pytest.skip("OMNI_EXT_NO_SERVERS=1")
 
 
-def _serve(preset: Preset, tiny_models: dict[str, Path], tmp: Path) -> ServeProcess:
-    _own_servers_allowed()
-    rendered = render(preset, options_for(preset, tiny_models))
-    if rendered.deploy is not None:
-        path = tmp / f"{preset.name}.yaml"
-        path.write_text(yaml.safe_dump(rendered.deploy, sort_keys=False))
-        rendered.flags[rendered.flags.index("--deploy-config") + 1] = str(path)
-    env = {**rendered.env, "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp / "storage")}
-    return ServeProcess(model=rendered.model, args=rendered.flags, env=env, log_path=tmp / f"{preset.name}.log")
+def _rendered(name: str):
+    """An ``own_servers`` declaration (tests/conftest.py) of a cpu preset as rendered for its tiny model:
+    the preset's model, flags and environment (its deploy YAML written to the server's directory)."""
+    def declare(tiny_models: dict[str, Path]) -> tuple[Path, dict, dict | None]:
+        rendered = render(CATALOG[name], options_for(CATALOG[name], tiny_models))
+        flags = list(rendered.flags)
+        if rendered.deploy is not None:
+            at = flags.index("--deploy-config")
+            del flags[at:at + 2]
+        return Path(rendered.model), {name: (flags, dict(rendered.env))}, rendered.deploy
+
+    return declare
 
 
 @pytest.mark.server
-def test_cpu_tiny_cfg2_preset_serves_a_video(tiny_models, tmp_path: Path) -> None:
-    proc = _serve(CATALOG["wan2.1-t2v-tiny.cpu.x2.latency"], tiny_models, tmp_path).start()
-    try:
-        proc.wait_ready(START_TIMEOUT_S)
-        # The request carries the preset's request defaults, as render.request_hint tells clients to: a
-        # front end (omni-ext's own /v1/videos) fills missing fields with Wan's native 832x480x81.
-        preset = CATALOG["wan2.1-t2v-tiny.cpu.x2.latency"]
-        fields = {"prompt": "a red fox in snow", "seed": "7", **{k: str(v) for k, v in preset.request_defaults.items()}}
-        resp = requests.post(proc.url + "/v1/videos/sync", files={k: (None, v) for k, v in fields.items()}, timeout=600)
-        assert resp.status_code == 200, resp.text[:500]
-        assert decode_mp4(resp.content) == (5, 32, 32)
-        log = proc.log_text()
-        assert "Worker 1: Initialization complete" in log and "Worker 2:" not in log  # CFG 2 = two ranks
-    finally:
-        proc.stop()
+@pytest.mark.own_servers.with_args(_rendered("wan2.1-t2v-tiny.cpu.x2.latency"))
+def test_cpu_tiny_cfg2_preset_serves_a_video(own) -> None:
+    proc = own["wan2.1-t2v-tiny.cpu.x2.latency"]
+    # The request carries the preset's request defaults, as render.request_hint tells clients to: a
+    # front end (omni-ext's own /v1/videos) fills missing fields with Wan's native 832x480x81.
+    preset = CATALOG["wan2.1-t2v-tiny.cpu.x2.latency"]
+    fields = {"prompt": "a red fox in snow", "seed": "7", **{k: str(v) for k, v in preset.request_defaults.items()}}
+    resp = requests.post(proc.url + "/v1/videos/sync", files={k: (None, v) for k, v in fields.items()}, timeout=600)
+    assert resp.status_code == 200, resp.text[:500]
+    assert decode_mp4(resp.content) == (5, 32, 32)
+    log = proc.log_text()
+    assert "Worker 1: Initialization complete" in log and "Worker 2:" not in log  # CFG 2 = two ranks
 
 
 @pytest.mark.server
-def test_cpu_tiny_qwen_preset_serves_an_image(tiny_models, tmp_path: Path) -> None:
-    proc = _serve(CATALOG["qwen-image-tiny.cpu.x1.balanced"], tiny_models, tmp_path).start()
-    try:
-        proc.wait_ready(START_TIMEOUT_S)
-        # vLLM-Omni 0.30's /v1/images/generations ignores server-side default sampling params, so the
-        # client sends the preset's request defaults itself (render.request_hint says so).
-        body = {"prompt": "a lighthouse at dusk", "seed": 3, **CATALOG["qwen-image-tiny.cpu.x1.balanced"].request_defaults}
-        resp = requests.post(proc.url + "/v1/images/generations", json=body, timeout=600)
-        assert resp.status_code == 200, resp.text[:500]
-        assert decode_png(base64.b64decode(resp.json()["data"][0]["b64_json"])).shape[:2] == (32, 32)
-    finally:
-        proc.stop()
+@pytest.mark.own_servers.with_args(_rendered("qwen-image-tiny.cpu.x1.balanced"))
+def test_cpu_tiny_qwen_preset_serves_an_image(own) -> None:
+    proc = own["qwen-image-tiny.cpu.x1.balanced"]
+    # vLLM-Omni 0.30's /v1/images/generations ignores server-side default sampling params, so the
+    # client sends the preset's request defaults itself (render.request_hint says so).
+    body = {"prompt": "a lighthouse at dusk", "seed": 3, **CATALOG["qwen-image-tiny.cpu.x1.balanced"].request_defaults}
+    resp = requests.post(proc.url + "/v1/images/generations", json=body, timeout=600)
+    assert resp.status_code == 200, resp.text[:500]
+    assert decode_png(base64.b64decode(resp.json()["data"][0]["b64_json"])).shape[:2] == (32, 32)
 
 
 @pytest.mark.server

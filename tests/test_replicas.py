@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from tests.helpers import events_mark, placements
-from tests.helpers import REPLICAS2_DEPLOY, own_server
+from tests.helpers import REPLICAS2_DEPLOY
 from tests.media import decode_mp4, decode_png
 
 TUNED = "omni_ext.executor.TunedExecutor"
@@ -240,21 +240,15 @@ def sdk(url: str):
     return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
-@pytest.fixture
-def replicas2(tiny_models, tmp_path: Path) -> Iterator:
-    """A server of its own with two replicas of one TunedExecutor worker each (deploy YAML ``num_replicas: 2``)."""
-    with own_server(tiny_models["wan2.1-t2v"], tmp_path / "rep2", deploy=REPLICAS2_DEPLOY) as server:
-        yield server
-
-
 @pytest.mark.server
-def test_two_replicas_in_one_server_share_a_burst_and_survive_losing_one(replicas2) -> None:
+@pytest.mark.own_servers("wan2.1-t2v", {"rep2": ([], {})}, deploy=REPLICAS2_DEPLOY)  # two replicas of one worker each
+def test_two_replicas_in_one_server_share_a_burst_and_survive_losing_one(own) -> None:
     """One scenario on a server of this test's own (it ends by killing a replica, so nothing shares it):
     admission counts both replicas' slots, a burst reaches both, then SIGKILL of one replica process
     while both run a long job fails only that job and the server keeps serving."""
     import psutil
 
-    server = replicas2
+    server = own["rep2"]
     assert "omni-ext scheduler (API): 2 slot(s)" in server.log_text()
     # A burst through the official SDK: every replica gets work.
     before = events_mark(server)
@@ -289,6 +283,32 @@ def test_two_replicas_in_one_server_share_a_burst_and_survive_losing_one(replica
 
 
 # ---- multi-machine mode on loopback --------------------------------------------------------------------
+@pytest.mark.server
+def test_multihost_images_through_the_head(tiny_models, tmp_path: Path) -> None:
+    import os
+
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1")
+    from omni_ext.server_process import MultiHostServer
+
+    mh = MultiHostServer(str(tiny_models["qwen-image"]), replicas=1,
+                         args=["--enforce-eager", "--distributed-executor-backend", TUNED], env={"OMP_NUM_THREADS": "1"},
+                         head_env={"OMNI_EXT_API_DATA_DIR": str(tmp_path / "api"),
+                                   "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp_path / "storage")}, log_dir=tmp_path)
+    with mh:
+        client = sdk(mh.url)
+
+        def one(i: int) -> bytes:
+            out = client.images.generate(prompt=f"a lighthouse {i}", size="64x64",
+                                         extra_body={"num_inference_steps": 4, "seed": i})
+            return base64.b64decode(out.data[0].b64_json)
+
+        with ThreadPoolExecutor(4) as ex:
+            pngs = list(ex.map(one, range(4)))
+        assert all(decode_png(p).shape[:2] == (64, 64) for p in pngs)
+        assert {r for _, r in dispatches(mh.head)} == {0, 1}
+
+
 @pytest.fixture
 def multihost(tiny_models, tmp_path_factory) -> Iterator:
     """A head with its own replica and two headless replicas (Wan), for one test: it kills and restarts one."""
@@ -368,29 +388,3 @@ def test_multihost_burst_then_replica_loss_fails_only_its_job_then_it_rejoins(mu
     rejoined = multihost.replica_id(victim_index)
     assert len(replicas) == 3 and rejoined in replicas, (replicas, rejoined)
     assert "admission now counts 3 slot(s)" in multihost.head.log_text().split("attached remote replica")[-1]
-
-
-@pytest.mark.server
-def test_multihost_images_through_the_head(tiny_models, tmp_path: Path) -> None:
-    import os
-
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1")
-    from omni_ext.server_process import MultiHostServer
-
-    mh = MultiHostServer(str(tiny_models["qwen-image"]), replicas=1,
-                         args=["--enforce-eager", "--distributed-executor-backend", TUNED], env={"OMP_NUM_THREADS": "1"},
-                         head_env={"OMNI_EXT_API_DATA_DIR": str(tmp_path / "api"),
-                                   "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp_path / "storage")}, log_dir=tmp_path)
-    with mh:
-        client = sdk(mh.url)
-
-        def one(i: int) -> bytes:
-            out = client.images.generate(prompt=f"a lighthouse {i}", size="64x64",
-                                         extra_body={"num_inference_steps": 4, "seed": i})
-            return base64.b64decode(out.data[0].b64_json)
-
-        with ThreadPoolExecutor(4) as ex:
-            pngs = list(ex.map(one, range(4)))
-        assert all(decode_png(p).shape[:2] == (64, 64) for p in pngs)
-        assert {r for _, r in dispatches(mh.head)} == {0, 1}

@@ -7,8 +7,8 @@ CFG requests at once, each with both guidance branches on one unit (the adaptive
 load), after a running pair was cancelled (its four processes stop at the same step, or the next
 jobs would hang in an all-to-all).
 
-Each test starts its two servers (stock and tuned) for itself and stops them at its end, so only
-8 worker processes run at a time. The pure parts (the unit mapping against vLLM-Omni's
+Each test has its two servers (stock and tuned) to itself (the ``own`` fixture of tests/conftest.py:
+the Qwen-Image pair starts while the Wan test runs, 16 worker processes at most). The pure parts (the unit mapping against vLLM-Omni's
 ``RankGenerator``, the fan-out and leader answer, the workers' roles, the stop agreement of four
 processes over real gloo collectives) are in ``tests/test_scheduler.py``, ``tests/test_executor.py``
 and ``tests/test_executor_transfer.py``.
@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
 from tests.helpers import (
-    IMAGE, events_mark, image_gen, new_events, own_servers, placements, png_from, video_sync, wait_for_events,
+    IMAGE, events_mark, image_gen, new_events, placements, png_from, video_sync, wait_for_events,
 )
 
 TUNED = "omni_ext.executor.TunedExecutor"
@@ -34,11 +33,8 @@ ENV = {"OMNI_EXT_CPU_VISIBLE_DEVICES": "0,1,2,3", "OMP_NUM_THREADS": "1"}
 SHAPE = dict(size="32x32", num_frames=5)
 
 
-def _servers(tiny_models: dict[str, Path], tmp_path: Path, model: str):
-    return own_servers(tiny_models[model], tmp_path, {
-        "stock": (LAYOUT, ENV),
-        "tuned": ([*LAYOUT, "--distributed-executor-backend", TUNED], ENV),
-    })
+#: A test's two servers: vLLM-Omni's executor and omni-ext's, the same layout.
+SERVERS = {"stock": (LAYOUT, ENV), "tuned": ([*LAYOUT, "--distributed-executor-backend", TUNED], ENV)}
 
 
 def _starts(server, before: float, n: int) -> list[tuple[tuple[int, ...], str]]:
@@ -46,63 +42,63 @@ def _starts(server, before: float, n: int) -> list[tuple[tuple[int, ...], str]]:
 
 
 @pytest.mark.server
-def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(tiny_models, tmp_path: Path) -> None:
-    with _servers(tiny_models, tmp_path, "wan2.1-t2v") as srv:
-        stock, tuned = srv["stock"], srv["tuned"]
-        log = tuned.log_text()
-        assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x sp 2" in log, log[-3000:]
+@pytest.mark.own_servers("wan2.1-t2v", SERVERS)
+def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None:
+    stock, tuned = own["stock"], own["tuned"]
+    log = tuned.log_text()
+    assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x sp 2" in log, log[-3000:]
 
-        # a CFG request alone: the whole group, each CFG half on its unit of two SP processes
-        before = events_mark(tuned)
-        a, b = video_sync(stock, **SHAPE, seed=11), video_sync(tuned, **SHAPE, seed=11)
-        assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
-        assert a.content == b.content
-        assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
+    # a CFG request alone: the whole group, each CFG half on its unit of two SP processes
+    before = events_mark(tuned)
+    a, b = video_sync(stock, **SHAPE, seed=11), video_sync(tuned, **SHAPE, seed=11)
+    assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
+    assert a.content == b.content
+    assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
 
-        # a CFG-free request: one unit (its two SP processes), the other one stays free
-        before = events_mark(tuned)
-        a = video_sync(stock, **SHAPE, guidance_scale="1.0", seed=12)
-        b = video_sync(tuned, **SHAPE, guidance_scale="1.0", seed=12)
-        assert a.status_code == b.status_code == 200 and a.content == b.content
-        assert _starts(tuned, before, 1) == [((0, 1), "single")]
+    # a CFG-free request: one unit (its two SP processes), the other one stays free
+    before = events_mark(tuned)
+    a = video_sync(stock, **SHAPE, guidance_scale="1.0", seed=12)
+    b = video_sync(tuned, **SHAPE, guidance_scale="1.0", seed=12)
+    assert a.status_code == b.status_code == 200 and a.content == b.content
+    assert _starts(tuned, before, 1) == [((0, 1), "single")]
 
-        # a long pair is cancelled while two CFG requests queue behind it: its four processes stop at the
-        # same step, and the two requests then run at once, both guidance branches on one unit each
-        assert video_sync(tuned, size="64x64", num_frames=9).status_code == 200  # the shape's cost is known
-        before = events_mark(tuned)
-        long = requests.post(tuned.url + "/v1/videos", json={
-            "prompt": "a red fox", "negative_prompt": "blurry", "size": "64x64", "num_frames": 9,
-            "num_inference_steps": 200, "guidance_scale": 4.0, "seed": 3}, timeout=60).json()
-        deadline = time.monotonic() + 120
-        while not any(e[0] == "start" for e in new_events(tuned, before)) and time.monotonic() < deadline:
+    # a long pair is cancelled while two CFG requests queue behind it: its four processes stop at the
+    # same step, and the two requests then run at once, both guidance branches on one unit each
+    assert video_sync(tuned, size="64x64", num_frames=9).status_code == 200  # the shape's cost is known
+    before = events_mark(tuned)
+    long = requests.post(tuned.url + "/v1/videos", json={
+        "prompt": "a red fox", "negative_prompt": "blurry", "size": "64x64", "num_frames": 9,
+        "num_inference_steps": 200, "guidance_scale": 4.0, "seed": 3}, timeout=60).json()
+    deadline = time.monotonic() + 120
+    while not any(e[0] == "start" for e in new_events(tuned, before)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    queued0 = events_mark(tuned)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(video_sync, tuned, **SHAPE, num_inference_steps=4, seed=s) for s in (21, 22)]
+        while len(placements(tuned, queued0, kind="queued")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        queued0 = events_mark(tuned)
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(video_sync, tuned, **SHAPE, num_inference_steps=4, seed=s) for s in (21, 22)]
-            while len(placements(tuned, queued0, kind="queued")) < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert requests.delete(f"{tuned.url}/v1/videos/{long['id']}", timeout=60).json()["deleted"] is True
-            outs = [f.result() for f in futures]
-        assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
-        assert f"cancelling running request {long['id']}-" in tuned.log_text()
-        ev = [e for e in wait_for_events(tuned, queued0, 3) if not e[1].startswith(long["id"])]  # and the long one
-        starts = [(e[2], e[3]) for e in ev if e[0] == "start"]
-        assert sorted(starts) == [((0, 1), "single"), ((2, 3), "single")], ev
-        assert [e[0] for e in ev][:2] == ["start", "start"], ev  # both units at once
-        for seed, out in zip((21, 22), outs):
-            assert video_sync(stock, **SHAPE, num_inference_steps=4, seed=seed).content == out.content
+        assert requests.delete(f"{tuned.url}/v1/videos/{long['id']}", timeout=60).json()["deleted"] is True
+        outs = [f.result() for f in futures]
+    assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
+    assert f"cancelling running request {long['id']}-" in tuned.log_text()
+    ev = [e for e in wait_for_events(tuned, queued0, 3) if not e[1].startswith(long["id"])]  # and the long one
+    starts = [(e[2], e[3]) for e in ev if e[0] == "start"]
+    assert sorted(starts) == [((0, 1), "single"), ((2, 3), "single")], ev
+    assert [e[0] for e in ev][:2] == ["start", "start"], ev  # both units at once
+    for seed, out in zip((21, 22), outs):
+        assert video_sync(stock, **SHAPE, num_inference_steps=4, seed=seed).content == out.content
 
 
 @pytest.mark.server
-def test_qwen_image_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(tiny_models, tmp_path: Path) -> None:
-    with _servers(tiny_models, tmp_path, "qwen-image") as srv:
-        stock, tuned = srv["stock"], srv["tuned"]
-        before = events_mark(tuned)
-        assert png_from(image_gen(tuned, size="32x32")) == png_from(image_gen(stock, size="32x32"))  # CFG: a pair
-        assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
-        before = events_mark(tuned)
-        # Qwen-Image runs CFG only with a negative prompt: without one, one unit
-        body = {**{k: v for k, v in IMAGE.items() if k != "negative_prompt"}, "size": "32x32"}
-        a, b = (requests.post(s.url + "/v1/images/generations", json=body, timeout=300) for s in (tuned, stock))
-        assert png_from(a) == png_from(b)
-        assert _starts(tuned, before, 1) == [((0, 1), "single")]
+@pytest.mark.own_servers("qwen-image", SERVERS)
+def test_qwen_image_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None:
+    stock, tuned = own["stock"], own["tuned"]
+    before = events_mark(tuned)
+    assert png_from(image_gen(tuned, size="32x32")) == png_from(image_gen(stock, size="32x32"))  # CFG: a pair
+    assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
+    before = events_mark(tuned)
+    # Qwen-Image runs CFG only with a negative prompt: without one, one unit
+    body = {**{k: v for k, v in IMAGE.items() if k != "negative_prompt"}, "size": "32x32"}
+    a, b = (requests.post(s.url + "/v1/images/generations", json=body, timeout=300) for s in (tuned, stock))
+    assert png_from(a) == png_from(b)
+    assert _starts(tuned, before, 1) == [((0, 1), "single")]

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from omni_ext.executor import vae_pipeline as vp
+from tests.helpers import process_context
 
 # Small tiles so that a test-size latent tiles (diffusers' defaults: 256 / 192 sample pixels).
 SMALL_TILES = {"tile_sample_min_height": 64, "tile_sample_min_width": 64,
@@ -79,10 +80,12 @@ def _pair_worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def pair_outputs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("vae-pair")
-    mp.start_processes(_pair_worker, args=(_free_port(), str(out)), nprocs=2, start_method="spawn")
+    process_context()  # the fork server's preload (torch, vLLM-Omni, omni-ext's executor), set before it starts
+    mp.start_processes(_pair_worker, args=(_free_port(), str(out)), nprocs=2, start_method="forkserver")
     return out
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("case", list(CASES))
 def test_split_decode_is_byte_identical_to_one_device_decode(case, pair_outputs) -> None:
     dtype_name, tiling = CASES[case]
@@ -100,6 +103,7 @@ def test_split_decode_is_byte_identical_to_one_device_decode(case, pair_outputs)
     assert got.view(torch.uint8).numpy().tobytes() == ref.view(torch.uint8).numpy().tobytes()
 
 
+@pytest.mark.spawns
 def test_send_recv_header_carries_dtype_and_shape(pair_outputs) -> None:
     got = torch.load(pair_outputs / "sent.pt")
     assert [(g.dtype, g.shape) for g in got] == [(t.dtype, t.shape) for t in SENT]
