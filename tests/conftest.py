@@ -110,6 +110,35 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items[:] = own + spawns + rest + pool
 
 
+#: One test run with servers at a time per host: a second run's servers beside a first run's pool
+#: (~19 GiB) exhaust the memory and slow both. A run that will start servers holds this lock.
+SERVER_LOCK = Path(os.environ.get("OMNI_EXT_SERVER_LOCK", "/tmp/omni-ext-server.lock"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Wait for, then hold, :data:`SERVER_LOCK` if this run starts servers (held already when the run was
+    started under ``flock`` on it: the lock's descriptor is inherited)."""
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1" or not any(_own_servers(i) or _uses_pool(i) for i in session.items):
+        return
+    import contextlib
+    import fcntl
+
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == str(SERVER_LOCK):
+                return
+    lock = open(SERVER_LOCK, "a+")  # noqa: SIM115 (held until the run ends)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"\n[servers] another test run holds {SERVER_LOCK}: waiting for it to end", flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    session.config.stash[_LOCK] = lock
+
+
+_LOCK = pytest.StashKey[object]()
+
+
 @pytest.fixture(autouse=True)
 def _start_the_pool_early(request: pytest.FixtureRequest) -> None:
     """At the first test past the own-server ones, start the shared pool's servers (without waiting
