@@ -113,6 +113,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 #: One test run with servers at a time per host: a second run's servers beside a first run's pool
 #: (~19 GiB) exhaust the memory and slow both. A run that will start servers holds this lock.
 SERVER_LOCK = Path(os.environ.get("OMNI_EXT_SERVER_LOCK", "/tmp/omni-ext-server.lock"))
+_LOCK = pytest.StashKey[object]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -136,9 +137,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     session.config.stash[_LOCK] = lock
 
 
-_LOCK = pytest.StashKey[object]()
-
-
 @pytest.fixture(autouse=True)
 def _start_the_pool_early(request: pytest.FixtureRequest) -> None:
     """At the first test past the own-server ones, start the shared pool's servers (without waiting
@@ -152,7 +150,7 @@ def _start_the_pool_early(request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("server_pool").start()
 
 
-_MODELS = pytest.StashKey[dict]()
+_MODELS = pytest.StashKey[tuple]()  # (tiny models, tmp_path_factory): what a start ahead needs
 #: Start the next test's own servers ahead only while this much memory is available (GiB): the two
 #: sequence-parallel tests' servers together are 20 processes.
 AHEAD_MIN_AVAILABLE_GIB = 9.0
@@ -164,7 +162,7 @@ def tiny_models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
     root = tmp_path_factory.mktemp("models")
     models = {m: build_tiny_model(m, root / m) for m in MODELS}
-    request.config.stash[_MODELS] = models
+    request.config.stash[_MODELS] = models, tmp_path_factory
     return models
 
 
@@ -200,9 +198,9 @@ def pytest_runtest_call(item: pytest.Item):
 
 def _start_next_ahead(item: pytest.Item) -> None:
     items = item.session.items
-    models = item.config.stash.get(_MODELS, None)
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1" or models is None or not _own_servers(item):
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1" or _MODELS not in item.config.stash or not _own_servers(item):
         return
+    models, tmp_path_factory = item.config.stash[_MODELS]
     index = items.index(item)
     marker = items[index + 1].get_closest_marker("own_servers") if index + 1 < len(items) else None
     if marker is None:
@@ -213,8 +211,7 @@ def _start_next_ahead(item: pytest.Item) -> None:
     if available < AHEAD_MIN_AVAILABLE_GIB:
         print(f"\n[servers] not starting {items[index + 1].name}'s servers ahead: {available:.1f} GiB available")
         return
-    workdir = item.config._tmp_path_factory.mktemp("ahead")  # type: ignore[attr-defined]
-    prestart(*_declared(marker, models), workdir=workdir)
+    prestart(*_declared(marker, models), workdir=tmp_path_factory.mktemp("ahead"))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -68,15 +68,18 @@ def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None
     before = events_mark(tuned)
     long = requests.post(tuned.url + "/v1/videos", json={
         "prompt": "a red fox", "negative_prompt": "blurry", "size": "64x64", "num_frames": 9,
-        "num_inference_steps": 200, "guidance_scale": 4.0, "seed": 3}, timeout=60).json()
+        "num_inference_steps": 500, "guidance_scale": 4.0, "seed": 3}, timeout=60).json()
     deadline = time.monotonic() + 120
     while not any(e[0] == "start" for e in new_events(tuned, before)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert any(e[0] == "start" for e in new_events(tuned, before)), "the long pair never started"
     queued0 = events_mark(tuned)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(video_sync, tuned, **SHAPE, num_inference_steps=4, seed=s) for s in (21, 22)]
         while len(placements(tuned, queued0, kind="queued")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
+        status = requests.get(f"{tuned.url}/v1/videos/{long['id']}", timeout=60).json()["status"]
+        assert status == "in_progress", f"the long pair was {status} when the two requests had queued"
         assert requests.delete(f"{tuned.url}/v1/videos/{long['id']}", timeout=60).json()["deleted"] is True
         outs = [f.result() for f in futures]
     assert all(r.status_code == 200 for r in outs), [r.text[:200] for r in outs]
