@@ -363,7 +363,8 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
         assert seen == [(-2, True)] and not state.queue.jobs  # accounted while it ran, gone after
         assert sample("omni_ext:job_seconds_count", model="tiny") == learned + 1
         shape = build_image_request(body, state)[0].shape
-        assert shape.units == 2 * 24 and state.queue.cost.rate(shape.key) == pytest.approx(0.5 / shape.units, rel=0.05)
+        # learned from the job's 0.5 s (what ran after the stub returned adds ~40 ms on a busy host: a18)
+        assert shape.units == 2 * 24 and state.queue.cost.rate(shape.key) == pytest.approx(0.5 / shape.units, rel=0.2)
         # a ~40 s job of priority -1 queued (of priority 0, the short image would start first: its deadline)
         state.queue.admit("video_long", -1, job_shape("WanPipeline", width=64, height=64, frames=9, steps=40))
         full = client.post("/v1/images/generations", json={**body, "priority": 0})  # queued behind it

@@ -122,7 +122,7 @@ def test_dispatch_binds_when_a_slot_frees_longest_first(pool_and_clients) -> Non
         from omni_ext.scheduler.priority import request_waited_s
 
         # The replica's executor is told how long the request waited here (aging, no second settle).
-        assert request_waited_s(c0.params[c0.sent[0]]) >= 0.05
+        assert request_waited_s(c0.params[c0.sent[0]]) >= 0.045  # the settle (0.05 s), in ms as sent (a18: 0.049)
         await pool.abort_requests(["r4-17"])  # queued: leaves the queue, never sent
         pool.release_binding("r4-17")
         first = c0.sent[0]

@@ -64,11 +64,15 @@ def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None
 
     # a long pair is cancelled while two CFG requests queue behind it: its four processes stop at the
     # same step, and the two requests then run at once, both guidance branches on one unit each
-    assert video_sync(tuned, size="64x64", num_frames=9).status_code == 200  # the shape's cost is known
+    # (128x128x17, 200 steps: ~20 s alone, so that it still runs when the two requests have queued on a
+    # host busy with the next test's servers; 200 is /v1/videos' most steps)
+    assert video_sync(tuned, size="128x128", num_frames=17).status_code == 200  # the shape's cost is known
     before = events_mark(tuned)
-    long = requests.post(tuned.url + "/v1/videos", json={
-        "prompt": "a red fox", "negative_prompt": "blurry", "size": "64x64", "num_frames": 9,
-        "num_inference_steps": 500, "guidance_scale": 4.0, "seed": 3}, timeout=60).json()
+    resp = requests.post(tuned.url + "/v1/videos", json={
+        "prompt": "a red fox", "negative_prompt": "blurry", "size": "128x128", "num_frames": 17,
+        "num_inference_steps": 200, "guidance_scale": 4.0, "seed": 3}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    long = resp.json()
     deadline = time.monotonic() + 120
     while not any(e[0] == "start" for e in new_events(tuned, before)) and time.monotonic() < deadline:
         time.sleep(0.1)
