@@ -4,13 +4,15 @@ vLLM-Omni 0.30 has no per-step progress path to HTTP (``progress`` sits at 0, th
 Its pipelines do drive a progress bar per denoise loop (``ProgressBarMixin.progress_bar``) on rank 0,
 and the engine request id of a job starts with the job id (``<job id>-<8 hex>``). So the worker,
 through the ``step-progress`` patch, writes ``<request id>`` files holding ``done total t_start
-t_last`` into a directory the API process chose (``OMNI_EXT_PROGRESS_DIR``, inherited by every
+t_last`` (and the start marker's mode and time, below) into a directory the API process chose (``OMNI_EXT_PROGRESS_DIR``, inherited by every
 worker it spawns; in /dev/shm when available, so a write is a memory copy). The API process reads
 the file for a job when a client polls. Works for inline, multi-process and replica layouts on one host.
 
 omni-ext's TunedExecutor also writes a job's file when it hands the job to its worker ranks
 (:func:`mark_started`, 0 steps done): until then the job only waits in the executor's queue, so the
-file's existence is what tells the API process that a job really runs.
+file's existence is what tells the API process that a job really runs. The step reports that
+replace the marker carry its mode and time on, so the API learns a job's time from its start on its
+ranks and per run mode (a pair and a single rank take different times).
 
 The same directory carries the placement journal (:func:`record_placement`, read by
 :func:`read_placements`, served at ``GET /v1/omni_ext/placements``): where each request ran. Each
@@ -80,13 +82,17 @@ def progress_dir() -> Path | None:
     return Path(value) if value else None
 
 
-def write_progress(request_ids: list[str], done: int, total: int, t_start: float, mode: str | None = None) -> None:
+def write_progress(request_ids: list[str], done: int, total: int, t_start: float, mode: str | None = None,
+                   t_job: float | None = None) -> None:
     """Record that ``done`` of ``total`` denoise steps finished for these requests (the workers'
-    step reports; ``mode``: only the executor's start marker, :func:`mark_started`)."""
+    step reports). ``mode``: the mode the executor's start marker (:func:`mark_started`) gave, and
+    ``t_job``: the marker's time, which the step reports carry on (:func:`read_marker`), so that
+    the API learns each job's time from its real start and per run mode."""
     root = progress_dir()
     if root is None:
         return
-    line = f"{done} {total} {t_start:.6f} {time.time():.6f}{f' {mode}' if mode else ''}\n"
+    tail = f" {mode or '-'} {t_job:.6f}" if t_job is not None else (f" {mode}" if mode else "")
+    line = f"{done} {total} {t_start:.6f} {time.time():.6f}{tail}\n"
     for rid in request_ids:
         if "/" in rid or rid.startswith("."):
             continue
@@ -109,6 +115,21 @@ def mark_started(request_ids: list[str], steps_total: int, mode: str | None = No
     write_progress(request_ids, 0, steps_total, time.time(), mode)
 
 
+def read_marker(request_id: str) -> tuple[float, str | None] | None:
+    """Worker side, when a denoise loop begins: the start marker's (time, mode) of this engine request,
+    for the step reports to carry on; None without a marker (vLLM-Omni's own executor)."""
+    root = progress_dir()
+    if root is None or "/" in request_id or request_id.startswith("."):
+        return None
+    try:
+        p = _parse((root / request_id).read_text())
+    except (OSError, ValueError):
+        return None
+    if p.t_job is not None:
+        return p.t_job, p.mode
+    return (p.t_start, p.mode) if p.done == 0 and p.mode else None
+
+
 @dataclass(frozen=True)
 class StepProgress:
     """One progress file: ``done`` of ``total`` steps, when the job (start marker) or its denoise
@@ -120,6 +141,17 @@ class StepProgress:
     t_start: float
     t_last: float
     mode: str | None = None
+    t_job: float | None = None  # the start marker's time, once step reports replaced it (t_start: the loop's)
+
+    @property
+    def started_at(self) -> float:
+        """When the job started on its ranks (the start marker), else when its denoise loop began."""
+        return self.t_job if self.t_job is not None else self.t_start
+
+    @property
+    def before_loop_s(self) -> float:
+        """Seconds from the job's start to its denoise loop's (text encoding)."""
+        return max(0.0, self.t_start - self.t_job) if self.t_job is not None else 0.0
 
     @property
     def fraction(self) -> float:
@@ -140,13 +172,19 @@ def read_progress(job_id: str) -> StepProgress | None:
     best: StepProgress | None = None
     for path in root.glob(f"{job_id}-*"):
         try:
-            done, total, t0, t1, *mode = path.read_text().split()
-            p = StepProgress(int(done), int(total), float(t0), float(t1), mode[0] if mode else None)
+            p = _parse(path.read_text())
         except (OSError, ValueError):
             continue
         if best is None or p.t_last > best.t_last:
             best = p
     return best
+
+
+def _parse(text: str) -> StepProgress:
+    """One progress line: ``done total t_start t_last [mode [t_job]]`` (mode "-": none)."""
+    done, total, t0, t1, *rest = text.split()
+    mode = rest[0] if rest and rest[0] != "-" else None
+    return StepProgress(int(done), int(total), float(t0), float(t1), mode, float(rest[1]) if len(rest) > 1 else None)
 
 
 def clear_progress(job_id: str) -> None:

@@ -163,11 +163,11 @@ class Clock:
 
 
 def fake_queue(*, tuned: bool = True, slots: int = 1, max_jobs: int | None = None, seed: float = 1 / 576,
-               max_wait_s: float = 2.0) -> tuple[RequestQueue, Clock, dict[str, StepProgress]]:
+               max_wait_s: float = 2.0, cfg_size: int = 1) -> tuple[RequestQueue, Clock, dict[str, StepProgress]]:
     """A queue whose 64x64x9, 4-step Wan jobs (576 units) are predicted at 1 s each."""
     clock, files = Clock(), {}
     queue = RequestQueue(SchedulerConfig(max_wait_s=max_wait_s, seconds_per_unit=seed), slots, tuned=tuned, model="tiny",
-                         max_jobs=max_jobs, clock=clock, wall=clock, progress=files.get)
+                         max_jobs=max_jobs, clock=clock, wall=clock, progress=files.get, cfg_size=cfg_size)
     return queue, clock, files
 
 

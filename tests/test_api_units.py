@@ -101,6 +101,25 @@ def test_progress_files_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert progress.read_progress("video_a") is None and progress.read_progress("video_b") is not None
 
 
+def test_step_reports_carry_the_start_markers_mode_and_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    assert progress.read_marker("video_a-1234abcd") is None  # no marker (vLLM-Omni's own executor)
+    progress.mark_started(["video_a-1234abcd"], 20, "single")  # the TunedExecutor hands it to a rank
+    t_job, mode = progress.read_marker("video_a-1234abcd")
+    assert mode == "single" and abs(t_job - time.time()) < 5
+    p = progress.read_progress("video_a")
+    assert (p.done, p.mode, p.started_at, p.before_loop_s) == (0, "single", t_job, 0.0)
+    # the lead rank's step reports replace the file: the loop's start, and the marker carried on
+    progress.write_progress(["video_a-1234abcd"], 3, 20, t_job + 0.5, "single", t_job)
+    p = progress.read_progress("video_a")
+    assert (p.done, p.t_start, p.mode, p.started_at) == (3, pytest.approx(t_job + 0.5), "single", pytest.approx(t_job))
+    assert p.before_loop_s == pytest.approx(0.5)
+    assert progress.read_marker("video_a-1234abcd") == (pytest.approx(t_job), "single")  # a second loop's bar
+    progress.write_progress(["video_b-0000aaaa"], 1, 4, t_job)  # vLLM-Omni's executor: no marker, no mode
+    p = progress.read_progress("video_b")
+    assert (p.mode, p.t_job, p.started_at) == (None, None, pytest.approx(t_job))
+
+
 def test_stale_progress_dirs_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(progress.ENV, "unset")  # recorded, so the variable ensure_progress_dir sets is undone
     monkeypatch.delenv(progress.ENV)

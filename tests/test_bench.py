@@ -297,6 +297,19 @@ def test_mixed_summary_bound_inputs_and_figures() -> None:
     assert "order=fifo" in mixed.table(r)
 
 
+def test_mixed_reports_how_far_starts_fell_from_their_predicted_start() -> None:
+    orders = s.arrival_orders(FACTS_M["frames"], False)
+    raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9])
+    errors = [0.1, -0.2, 0.3, 0.0, None, 0.5]  # None: no prediction (no rate known yet) or no start line
+    raw["cost"]["bursts"]["given"][0]["jobs"] = [{"start_error_s": e} for e in errors]
+    r = mixed.summarize(raw, orders, None, HOST, FACTS_M, {})
+    err = r["mixed"]["predicted_start_error_s"]
+    assert (err["n"], err["p50"], err["max"]) == (5, pytest.approx(0.1), 0.5)
+    assert err["p99"] == pytest.approx(0.3 + 0.96 * 0.2)  # between the two largest (numpy's default)
+    assert r["mixed"]["fifo"]["predicted_start_error_s"] == {"n": 0, "p50": None, "p99": None, "max": None}
+    assert "p50 0.10 s" in mixed.table(r)
+
+
 @pytest.mark.parametrize("flag,servers", [(["--replicas", "2"], ("replicas2_omni_ext", "replicas2_stock")),
                                           (["--multi-host"], ("multihost2_omni_ext", "multihost2_stock"))])
 def test_mixed_across_replicas_compares_dispatch_with_stock(flag: list[str], servers: tuple[str, str]) -> None:

@@ -55,11 +55,39 @@ def test_slo_order_binds_a_short_job_at_risk_first() -> None:
 
 def test_earliest_finish_prefers_the_faster_and_then_the_less_loaded_replica() -> None:
     slow, fast = policy.ReplicaLoad(0, speed=2.0), policy.ReplicaLoad(1, speed=1.0)
-    assert policy.choose([slow, fast], 3.0) is fast
+    assert policy.choose([slow, fast], 3.0) == policy.Choice(fast)
     # Two slots each (a TunedExecutor replica with two ranks): the idle one, not the half-busy one.
     busy, idle = policy.ReplicaLoad(0, 2, running=[4.0]), policy.ReplicaLoad(1, 2)
-    assert policy.choose([busy, idle], 1.0) is idle
-    assert policy.choose([policy.ReplicaLoad(3), policy.ReplicaLoad(2)], 1.0).id == 2  # ties: lowest id
+    assert policy.choose([busy, idle], 1.0).replica is idle
+    assert policy.choose([policy.ReplicaLoad(3), policy.ReplicaLoad(2)], 1.0).replica.id == 2  # ties: lowest id
+
+
+def test_a_replica_that_would_miss_the_deadline_is_not_chosen_when_another_meets_it() -> None:
+    # replica 0 is free but three times slower; replica 1 frees in 1 s
+    def loads() -> list[policy.ReplicaLoad]:
+        return [policy.ReplicaLoad(0, speed=3.0), policy.ReplicaLoad(1, running=[1.0])]
+
+    slow, fast = loads()
+    assert policy.choose([slow, fast], 2.0, slack_s=4.0) == policy.Choice(fast, 1.0)  # 1 + 2 <= 4 < 6: waits
+    assert policy.choose([slow, fast], 2.0, slack_s=6.0) == policy.Choice(slow)  # the slow one meets it too
+    assert policy.choose([slow, fast], 2.0, slack_s=2.5) == policy.Choice(slow)  # late anywhere: at once
+    assert policy.choose([slow, fast], 2.0) == policy.Choice(slow)  # no deadline: earliest finish now
+    assert policy.choose([fast], 2.0) is None  # nothing free, no deadline: nothing to wait for
+    slo = SchedulerConfig(settle_s=0.0, order="slo")
+    urgent = Ticket("urgent", arrival=1.0, cost=2.0, predicted_s=2.0, deadline_s=4.0)
+    batch = Ticket("batch", arrival=1.0, cost=1.0, predicted_s=1.0, deadline_s=60.0)
+    # The urgent request waits for replica 1 (its next slot is reserved), the one behind it takes replica 0.
+    held = loads()
+    assert policy.plan([urgent, batch], held, now=1.0, config=slo) == [("batch", 0)]
+    assert held[1].running == [3.0] and held[0].running == [3.0]
+    # A second urgent request cannot have the reserved slot: 3 + 2 > 4 there, so it goes to replica 0.
+    other = Ticket("urgent2", arrival=1.0, cost=2.0, predicted_s=2.0, deadline_s=4.0)
+    assert policy.plan([urgent, other], loads(), now=1.0, config=slo) == [("urgent2", 0)]
+    # Replica 1 frees: the urgent request is bound there.
+    assert policy.plan([urgent], [policy.ReplicaLoad(0, speed=3.0), policy.ReplicaLoad(1)], now=2.0,
+                       config=slo) == [("urgent", 1)]
+    # Orders without deadlines ("cost", "fifo": neither does a replica's own scheduler) bind it at once.
+    assert policy.plan([urgent], loads(), now=1.0, config=CONFIG) == [("urgent", 0)]
 
 
 def test_settle_holds_an_idle_burst_until_it_is_whole() -> None:

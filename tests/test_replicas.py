@@ -151,6 +151,39 @@ def test_a_failed_send_goes_once_to_another_replica(pool_and_clients) -> None:
     asyncio.run(scenario())
 
 
+def test_a_request_waits_for_the_replica_that_meets_its_deadline(pool_and_clients) -> None:
+    """Issue 19 item 4: replica 1 is free but three times slower; replica 0 runs a 1 s job. A 1 s
+    request due in 2.5 s would end at 3 s on replica 1: it waits for replica 0, while a request with
+    time to spare behind it takes replica 1 at once."""
+    from omni_ext.dispatch.replicas import DISPATCH
+    from omni_ext.scheduler.config import SchedulerConfig
+    from omni_ext.scheduler.priority import DEADLINE_ARG
+
+    pool, (c0, c1) = pool_and_clients
+    DISPATCH.configure(1, "WanPipeline", SchedulerConfig(settle_s=0.0, seconds_per_unit=1 / 3520))  # "slo"; 1 s a job
+    d = DISPATCH.dispatcher_of(pool)
+    d.speed[1] = 3.0
+
+    def state(deadline_s: float | None):
+        st = request_state(17)
+        st.sampling_params_list[0].extra_args = {DEADLINE_ARG: deadline_s} if deadline_s else {}
+        return st
+
+    async def scenario() -> None:
+        await pool.submit_initial("running", state(None), {"prompt": "fox"})
+        await asyncio.sleep(0)  # the send task
+        assert c0.sent == ["running"]  # earliest finish: the fast replica
+        await pool.submit_initial("due", state(2.5), {"prompt": "fox"})
+        await pool.submit_initial("spare", state(60.0), {"prompt": "fox"})
+        await asyncio.sleep(0.05)
+        assert c1.sent == ["spare"] and c0.sent == ["running"]  # "due" waits on the head
+        pool.release_binding("running")
+        await asyncio.sleep(0.01)
+        assert c0.sent == ["running", "due"]
+
+    asyncio.run(scenario())
+
+
 # ---- the blocking send ---------------------------------------------------------------------------------
 def test_send_to_a_replica_that_is_gone_blocks_stock_and_raises_patched() -> None:
     zmq = pytest.importorskip("zmq")

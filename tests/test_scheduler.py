@@ -350,6 +350,38 @@ def test_cost_model_learns_per_shape_and_falls_back() -> None:
     assert CostModel().predict_s(small, 100) is None
 
 
+def test_a_run_mode_not_measured_yet_is_predicted_from_the_other() -> None:
+    from omni_ext.scheduler.cost import SINGLE_OVER_PAIR, mode_key
+
+    m = CostModel(seed_s_per_unit=0.01)
+    small, big = shape_key("wan2.x-t2v", 64, 64, 9, True), shape_key("wan2.x-t2v", 128, 128, 81, True)
+    m.observe(mode_key(small, "pair"), 100, 1.0)  # a paired warm-up: the only measurement
+    assert m.rate(mode_key(small, "pair")) == pytest.approx(0.01)
+    # the burst behind it runs on single ranks: predicted at the prior ratio, not at the pair's rate
+    assert m.rate(mode_key(small, "single")) == pytest.approx(0.01 * SINGLE_OVER_PAIR)
+    assert m.rate(mode_key(big, "single")) == pytest.approx(0.01 * SINGLE_OVER_PAIR)  # the pair rate of all shapes
+    assert m.rate(mode_key(big, "pair")) == pytest.approx(0.01)
+    m.observe(mode_key(small, "single"), 100, 1.5)  # both modes measured on one shape: their ratio, 1.5
+    assert m.mode_ratio("single", "pair") == pytest.approx(1.5)
+    m.observe(mode_key(big, "pair"), 1000, 4.0)
+    assert m.rate(mode_key(big, "single")) == pytest.approx(0.004 * 1.5)  # its own pair rate x the learned ratio
+    assert m.rate(mode_key(big, "pair")) == pytest.approx(0.004)
+    assert m.rate(mode_key(small, "single")) == pytest.approx(0.015)  # measured: as measured
+    fresh = CostModel()
+    fresh.observe(mode_key(small, "single"), 100, 2.0)
+    assert fresh.rate(mode_key(big, "pair")) == pytest.approx(0.02 / SINGLE_OVER_PAIR)
+
+
+def test_a_queued_job_is_predicted_in_the_mode_it_runs_in_when_others_wait() -> None:
+    from omni_ext.scheduler.placement import predicted_mode
+
+    assert predicted_mode(JobMode.PAIR, CfgMode.ADAPTIVE) is JobMode.SINGLE
+    assert predicted_mode(JobMode.PAIR, CfgMode.SINGLE) is JobMode.SINGLE
+    assert predicted_mode(JobMode.PAIR, CfgMode.PAIR) is JobMode.PAIR
+    assert predicted_mode(JobMode.SINGLE, CfgMode.PAIR) is JobMode.SINGLE
+    assert predicted_mode(JobMode.ALL_RANKS, CfgMode.ADAPTIVE) is JobMode.SINGLE
+
+
 def test_remaining_time_uses_measured_steps_once_there_are_some() -> None:
     assert remaining_s(None, 1.0) is None
     assert remaining_s(10.0, 4.0) == 6.0
@@ -357,6 +389,8 @@ def test_remaining_time_uses_measured_steps_once_there_are_some() -> None:
     # 5 of 20 steps in 2 s: 15 steps at 0.4 s + what the prediction holds beyond the loop (10 - 8).
     assert remaining_s(10.0, 3.0, 5, 20, 2.0) == pytest.approx(6.0 + 2.0)
     assert remaining_s(None, 3.0, 5, 20, 2.0) == pytest.approx(6.0)
+    # 1 s of it ran before the loop (text encoding): the part after the loop is 10 - 8 - 1
+    assert remaining_s(10.0, 4.0, 5, 20, 2.0, before_loop_s=1.0) == pytest.approx(6.0 + 1.0)
 
 
 def test_adaptive_pairs_only_when_the_free_groups_cover_the_queue() -> None:

@@ -34,8 +34,9 @@ from omni_ext.api.errors import APIError, too_busy
 from omni_ext.models.families import JobShape
 from omni_ext.progress import StepProgress, read_progress
 from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predict_start
-from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.cost import CostModel
+from omni_ext.scheduler.config import CfgMode, SchedulerConfig
+from omni_ext.scheduler.cost import MODES, CostModel
+from omni_ext.scheduler.placement import JobMode, predicted_mode
 from omni_ext.scheduler.queue import Entry, JobQueue
 from omni_ext.scheduler.slo import Attainment
 
@@ -105,7 +106,12 @@ class RequestQueue:
     ``live_slots``/``bound_since``: when a dispatch in this process binds jobs to replicas
     (:class:`omni_ext.dispatch.replicas.ReplicaDispatch`, given at start-up), how many jobs its live
     replicas run at once and when a job was bound (it runs from then on); without one, admission
-    keeps ``slots``. ``clock``/``wall``/``progress`` are injectable for tests.
+    keeps ``slots``. ``cfg_size``/``cfg_mode``: the CFG group size and the ``cfg_mode`` the
+    TunedExecutor applies (:meth:`omni_ext.scheduler.layout.ServerLayout.cfg_mode`): its jobs' times
+    are learned and predicted per run mode, as the executor's are, because a CFG job on one rank
+    takes longer than on a pair and a burst runs on single ranks (issue 19 item 5: after a paired
+    warm-up, a burst admitted at the pair's rate started up to twice later than promised).
+    ``clock``/``wall``/``progress`` are injectable for tests.
     """
 
     def __init__(
@@ -114,10 +120,15 @@ class RequestQueue:
         progress: Callable[[str], StepProgress | None] = read_progress,
         live_slots: Callable[[], int | None] = lambda: None,
         bound_since: Callable[[str], float | None] = lambda job_id: None,
+        cfg_size: int = 1, cfg_mode: CfgMode = CfgMode.ADAPTIVE,
     ) -> None:
         config = config or SchedulerConfig()
         self.config = config if tuned else dataclasses.replace(config, order="fifo", aging_s=0.0)
         self.tuned = tuned
+        # the mode a queued job is predicted in, by whether it runs CFG (None: vLLM-Omni's executor, no modes)
+        self.modes: dict[bool, str | None] = {
+            cfg: predicted_mode(JobMode.for_request(needs_cfg=cfg, group_size=cfg_size), cfg_mode).value if tuned else None
+            for cfg in (False, True)}
         self.model = model
         self.max_jobs = max_jobs
         self.jobs: JobQueue[Tracked] = JobQueue(self.config)
@@ -150,6 +161,7 @@ class RequestQueue:
                            f"omni_ext.api.max_queued); retry after {retry:.1f} s.", retry)
         entry, decision = self.jobs.admit(job_id, Tracked(priority), now=now, priority=priority if self.tuned else 0,
                                           key=shape.key, units=shape.units, admission=self.admission,
+                                          mode=self.modes[shape.cfg],
                                           deadline_s=deadline_s)
         if not decision.admitted:
             metrics.REFUSED.labels(decision.reason).inc()
@@ -253,12 +265,16 @@ class RequestQueue:
         step = self.progress(entry.id)
         if step is not None:
             entry.payload.step = step
-            entry.steps = (step.done, step.total, step.t_last - step.t_start) if step.done > 0 else ()
-            started_wall: float | None = step.t_start
+            entry.steps = ((step.done, step.total, step.t_last - step.t_start, step.before_loop_s)
+                           if step.done > 0 else ())
+            started_wall: float | None = step.started_at
         else:
             started_wall = None if entry.running else self.bound_since(entry.id)
         if started_wall is not None and not entry.running:
-            self.jobs.start(entry.id, self.clock() - max(0.0, self.wall() - started_wall))
+            # the mode its ranks run it in (the executor's start marker): its time is learned as that mode's
+            mode = step.mode if step is not None and self.tuned else None
+            self.jobs.start(entry.id, self.clock() - max(0.0, self.wall() - started_wall),
+                            mode=mode if mode in MODES else None)
 
     def _follow_replicas(self) -> None:
         """Admission counts the slots of every live replica: replicas join and leave at run time on a

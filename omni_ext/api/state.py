@@ -196,7 +196,8 @@ def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: st
         dispatch.configure(layout.replica_slots(config.cfg_mode, limits.pipeline), limits.pipeline, config)
         replicas = {"live_slots": dispatch.capacity, "bound_since": dispatch.bound_since}
     queue = RequestQueue(config, layout.slots(config.cfg_mode, limits.pipeline), tuned=layout.tuned, model=model_name,
-                         max_jobs=max_jobs, **replicas)
+                         max_jobs=max_jobs, cfg_size=layout.cfg, cfg_mode=layout.cfg_mode(config.cfg_mode, limits.pipeline),
+                         **replicas)
     logger.info("omni-ext scheduler (API): %d slot(s) (%s executor), max_wait_s=%g, seed %s s/unit%s", queue.slots,
                 "TunedExecutor" if layout.tuned else "vLLM-Omni's", config.max_wait_s, config.seconds_per_unit,
                 "" if layout.tuned else "; priorities are not applied by vLLM-Omni's executor (first come, first served)")

@@ -13,7 +13,10 @@ Two TunedExecutor servers with two data-parallel groups of one worker
    ``--order-variants`` also "longest last" (ascending) and short/long alternating.
 
 ``mixed.makespan_over_bound`` = makespan / ``max(sum of job times / 2, longest job time)``, goal
-<= 1.10, for the cost order (the FIFO server's beside it). The JSON also holds what list scheduling
+<= 1.10, for the cost order (the FIFO server's beside it). ``predicted_start_error_s``: how far each
+burst job's start (the executor's log line) fell from the start its ``POST`` answer predicted
+(``predicted_wait_s`` after the answer; ``predicted_start_at`` is the same in whole unix seconds):
+p50/p99/max of actual - predicted over every job of the bursts, per server (positive: later than told). The JSON also holds what list scheduling
 predicts from the single timings (arrival order = FIFO, longest first = LPT), the optimal makespan
 of the burst (often above the bound: three 81-frame jobs cannot split evenly over two groups), and
 the bare host's two-process ceiling (two jobs at once are slower than one alone on a shared host).
@@ -158,8 +161,13 @@ def run_jobs(url: str, tracker: JobTracker, watcher: LogWatcher, args, frames: l
             continue
         end = ends[a.job_id]
         start = watcher.first("start", a.job_id) or watcher.first("dispatch", a.job_id)
+        wait = a.body.get("predicted_wait_s") if isinstance(a.body, dict) else None
+        predicted = a.answered_at - t0 + wait if wait is not None else None
+        started = start.t - t0 if start else None
         jobs.append({"id": a.job_id, "frames": f, "sent_s": a.sent_at - t0,
-                     "started_s": start.t - t0 if start else None, "ranks": list(start.ranks) if start else None,
+                     "started_s": started, "ranks": list(start.ranks) if start else None,
+                     "predicted_start_s": predicted,
+                     "start_error_s": started - predicted if started is not None and predicted is not None else None,
                      "ended_s": end.ended_at - t0, "end_source": end.source, "status": end.status,
                      "latency_s": end.ended_at - a.sent_at})
     ok = not errors and all(j["status"] == "completed" for j in jobs)
@@ -256,6 +264,14 @@ def burst_figures(single_s: dict[str, float], order: list[int], makespans: list[
     }
 
 
+def start_errors(bursts: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Actual - predicted start (seconds) of every job of ``bursts`` (arrival order -> runs) that has both:
+    how well admission's ``predicted_start_at`` held; p50, p99 and max, and how many jobs."""
+    errs = [j["start_error_s"] for runs in bursts.values() for r in runs for j in r.get("jobs", ())
+            if j.get("start_error_s") is not None]
+    return {"n": len(errs), "p50": c.percentile(errs, 50), "p99": c.percentile(errs, 99), "max": max(errs, default=None)}
+
+
 def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceiling: dict[str, Any] | None,
               host: dict[str, Any], facts: dict[str, Any], commands: dict[str, Any], workdir: str = "",
               layout: Layout = GROUPS_LAYOUT) -> dict[str, Any]:
@@ -265,6 +281,7 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
     for o in ORDERS:
         single = {f: c.median(v) for f, v in raw[o]["single"].items()}
         per[o] = {"single_job_s": single, "single_runs_s": raw[o]["single"],
+                  "predicted_start_error_s": start_errors(raw[o]["bursts"]),
                   "orders": {v: burst_figures(single, order, [b["makespan_s"] for b in raw[o]["bursts"][v]])
                              for v, order in orders.items()}}
     contention = c.ratio(2.0, ceiling.get("throughput_ratio")) if ceiling else None
@@ -303,7 +320,9 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
             "bound_inputs": {"single_job_s": per["cost"]["single_job_s"], "total_s": given_cost["total_s"],
                              "longest_s": given_cost["longest_s"], "groups": GROUPS, "bound_s": given_cost["bound_s"]},
             "makespan_s": given_cost["median_makespan_s"],
+            "predicted_start_error_s": per["cost"]["predicted_start_error_s"],
             base: {"makespan_over_bound": given_fifo["makespan_over_bound"], "makespan_s": given_fifo["median_makespan_s"],
+                   "predicted_start_error_s": per["fifo"]["predicted_start_error_s"],
                    "bound_inputs": {"single_job_s": per["fifo"]["single_job_s"], "total_s": given_fifo["total_s"],
                                     "longest_s": given_fifo["longest_s"], "bound_s": given_fifo["bound_s"]}},
             **({"worst_makespan_over_bound": figures[f"{prefix}.worst_makespan_over_bound"]["value"]}
@@ -337,6 +356,10 @@ def table(result: dict[str, Any]) -> str:
                                                  result["by_server"][o]["single_job_s"].items())
                         for o, label in zip(ORDERS, layout.labels))
     out.append(f"single-job times (alone): {singles}")
+    errs = "; ".join(f"{label}: p50 {c.fmt(e['p50'], 2)} s, p99 {c.fmt(e['p99'], 2)} s over {e['n']} jobs"
+                     for o, label in zip(ORDERS, layout.labels)
+                     for e in [result["by_server"][o].get("predicted_start_error_s") or {"n": 0, "p50": None, "p99": None}])
+    out.append(f"start - predicted start (admission's predicted_start_at): {errs}")
     ceil = result.get("host_ceiling")
     if ceil:
         out.append(f"bare host: two independent processes {c.fmt(ceil.get('throughput_ratio'))}x one "

@@ -280,20 +280,14 @@ class RankQueue:
     def cost_key(self, job: Job, mode: JobMode) -> str:
         """Measurements are kept per shape class AND per mode the ranks ran it in: a CFG job on a
         pair takes well under the time of the same job on one rank (half at best)."""
-        return f"{job.shape}:{mode.rank_mode.value}"
+        return cost.mode_key(job.shape, mode.rank_mode.value)
 
     def _predict(self, entry: Entry[Job], model: CostModel) -> float | None:
-        """Predicted seconds of a queued job. One that may run on a pair or on one rank (cfg_mode
-        "adaptive") is predicted as on one rank when that was measured: an upper bound, and the mode
-        it runs in whenever others wait, which is when the prediction matters."""
-        mode = entry.payload.needs.mode
-        if mode is JobMode.PAIR and self.cfg_mode != CfgMode.PAIR:
-            modes = (JobMode.SINGLE, JobMode.PAIR) if self.cfg_mode == CfgMode.ADAPTIVE else (JobMode.SINGLE,)
-        else:
-            modes = (mode,)
-        keys = [self.cost_key(entry.payload, m) for m in modes]
-        known = [k for k in keys if k in model.by_shape]
-        return model.predict_s(known[0] if known else None, entry.units)
+        """Predicted seconds of a queued job in the mode it runs in whenever others wait
+        (:func:`~omni_ext.scheduler.placement.predicted_mode`); a mode not measured yet is converted
+        from the other one (:class:`~omni_ext.scheduler.cost.CostModel`)."""
+        mode = placement.predicted_mode(entry.payload.needs.mode, self.cfg_mode)
+        return model.predict_s(self.cost_key(entry.payload, mode), entry.units)
 
     def _dispatch_after(self, seconds: float) -> None:
         def again() -> None:

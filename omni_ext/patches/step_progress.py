@@ -38,6 +38,11 @@ class _ReportingBar:
         self._ids = request_ids if report else []
         self._done = 0
         self._t0 = time.time()
+        # The TunedExecutor's start marker (its time and the job's mode) travels on in every report.
+        from omni_ext.progress import read_marker
+
+        marker = read_marker(self._ids[0]) if self._ids else None
+        self._t_job, self._mode = marker if marker is not None else (None, None)
 
     def update(self, n: int = 1) -> Any:
         from vllm_omni.diffusion.cancellation import check_request_cancellation
@@ -47,7 +52,7 @@ class _ReportingBar:
 
         self._done += int(n)
         if self._ids:
-            write_progress(self._ids, self._done, self._total, self._t0)
+            write_progress(self._ids, self._done, self._total, self._t0, self._mode, self._t_job)
         result = self._bar.update(n)
         check_request_cancellation()
         check_step_cancel()  # omni-ext's TunedExecutor: a cancelled single-rank job stops here
@@ -58,7 +63,7 @@ class _ReportingBar:
         if self._ids:
             from omni_ext.progress import write_progress
 
-            write_progress(self._ids, 0, self._total, self._t0)
+            write_progress(self._ids, 0, self._total, self._t0, self._mode, self._t_job)
         return self
 
     def __exit__(self, *exc: Any) -> Any:

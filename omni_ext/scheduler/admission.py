@@ -125,7 +125,7 @@ def _rescue(ordered: list[Ticket], now: float, config: SchedulerConfig,
             running_remaining: Sequence[float], capacity: int) -> list[Ticket]:
     """``"slo"``: list scheduling of the longest-first ``ordered`` on the slots, where a job whose
     deadline is at risk takes the slot first while the makespan guard allows (module docstring)."""
-    slots = _slots(running_remaining, capacity)
+    slots = slot_free_times(running_remaining, capacity)
     running = [max(0.0, r) for r in running_remaining]
     queued = [_seconds(t) for t in ordered]
     # The makespan guard, anchored at the oldest queued arrival (a burst's start): 4/3 of a lower
@@ -189,7 +189,7 @@ def _rescue(ordered: list[Ticket], now: float, config: SchedulerConfig,
 MIN_RETRY_S = 1.0
 
 
-def _slots(running_remaining: Sequence[float], capacity: int) -> list[float]:
+def slot_free_times(running_remaining: Sequence[float], capacity: int) -> list[float]:
     """A heap of the seconds from now at which each of ``capacity`` slots frees for the queue:
     ``running_remaining`` (one entry per running job) hold their slots first; more running jobs
     than slots (a layout change) queue up."""
@@ -208,7 +208,7 @@ def start_times(running_remaining: Sequence[float], queued: Sequence[float], cap
     """Seconds from now until each of the ``queued`` jobs (service seconds, in start order) starts:
     ``running_remaining`` (one entry per running job) hold their slots first, then each queued job
     takes the slot that frees first, on ``capacity`` slots."""
-    slots = _slots(running_remaining, capacity)
+    slots = slot_free_times(running_remaining, capacity)
     starts = []
     for seconds in queued:
         start = heapq.heappop(slots)

@@ -43,49 +43,114 @@ def job_time_limit_s(units: float, sec_per_unit: float | None, environ: Mapping[
     return max(floor, factor * units * sec_per_unit)
 
 
+#: The run modes a job's time is kept per (:func:`mode_key`): "pair" (a CFG group, one guidance branch
+#: per rank) and "single" (one rank runs all of the request).
+MODES = ("single", "pair")
+
+#: Seconds on one rank over seconds on a CFG pair, for a shape measured in one mode only, until some
+#: shape has been measured in both (then their ratio is used). A single rank runs both guidance
+#: branches that a pair splits, so it takes up to twice the pair's time (less only by the pair's
+#: collectives and the parts both ranks run whole): the upper end, so that a burst after a paired
+#: warm-up, which runs as single ranks (``cfg_mode`` "adaptive"), is not admitted at the pair's rate.
+SINGLE_OVER_PAIR = 2.0
+
+
+def mode_key(shape_key: str, mode: str) -> str:
+    """The class a job's time is learned in: its shape class and the mode its ranks ran it in (the
+    TunedExecutor's and the API's account share it, so both predict a mode the same way)."""
+    return f"{shape_key}:{mode}"
+
+
+def _split(key: str | None) -> tuple[str, str] | None:
+    if key is None:
+        return None
+    shape, _, mode = key.rpartition(":")
+    return (shape, mode) if shape and mode in MODES else None
+
+
 class CostModel:
-    """Predicted seconds of a job from its cost units: seconds per unit learned per shape class
-    from finished jobs, falling back to the rate over all classes, then to a seed (a preset's cost
-    table, ``omni_ext.scheduler.seconds_per_unit``). One model for admission, ordering and time
-    limits, so what a client is told and what the executor enforces come from the same numbers."""
+    """Predicted seconds of a job from its cost units: seconds per unit learned per class from
+    finished jobs (a shape class, or a shape class and run mode: :func:`mode_key`), falling back to
+    the rate over all classes, then to a seed (a preset's cost table,
+    ``omni_ext.scheduler.seconds_per_unit``). One model for admission, ordering and time limits, so
+    what a client is told and what the executor enforces come from the same numbers.
+
+    A class with a run mode that was not measured yet is predicted from the other mode of its shape
+    (or of all shapes) times the single-over-pair ratio (:meth:`mode_ratio`): after a paired
+    warm-up, the single-rank jobs of a burst are predicted at what they cost, not at the pair's rate."""
 
     def __init__(self, seed_s_per_unit: float | None = None) -> None:
         self.seed = seed_s_per_unit
         self.overall: float | None = None
         self.by_shape: dict[str, float] = {}
+        self.by_mode: dict[str, float] = {}
 
-    def observe(self, key: str, units: float, seconds: float) -> None:
-        """A job of ``units`` in shape class ``key`` ran to completion in ``seconds``."""
+    def observe(self, key: str, units: float, seconds: float, mode: str | None = None) -> None:
+        """A job of ``units`` in class ``key`` (run in ``mode``: the class is :func:`mode_key`) ran to
+        completion in ``seconds``."""
         if units <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
+        key = mode_key(key, mode) if mode else key
         self.by_shape[key] = updated_rate(self.by_shape.get(key), seconds, units)
         self.overall = updated_rate(self.overall, seconds, units)
+        split = _split(key)
+        if split is not None:
+            self.by_mode[split[1]] = updated_rate(self.by_mode.get(split[1]), seconds, units)
 
-    def rate(self, key: str | None = None) -> float | None:
-        """Seconds per unit for ``key`` (its class, else all classes, else the seed)."""
+    def mode_ratio(self, mode: str, other: str) -> float:
+        """Seconds in ``mode`` over seconds in ``other`` for the same job: the median over the shapes
+        measured in both, else :data:`SINGLE_OVER_PAIR`."""
+        ratios = sorted(rate / self.by_shape[mode_key(shape, other)] for shape, m, rate in self._moded()
+                        if m == mode and mode_key(shape, other) in self.by_shape)
+        if ratios:
+            return ratios[len(ratios) // 2]
+        return SINGLE_OVER_PAIR if (mode, other) == ("single", "pair") else 1.0 / SINGLE_OVER_PAIR
+
+    def _moded(self) -> list[tuple[str, str, float]]:
+        return [(*split, rate) for key, rate in self.by_shape.items() if (split := _split(key)) is not None]
+
+    def rate(self, key: str | None = None, mode: str | None = None) -> float | None:
+        """Seconds per unit for ``key`` (in ``mode``): its class; for a class with a run mode not
+        measured yet, the other mode of its shape, else the mode over all shapes, else the other mode
+        over all shapes (each converted by :meth:`mode_ratio`); else all classes; else the seed."""
+        if key is not None and mode:
+            key = mode_key(key, mode)
         if key is not None and key in self.by_shape:
             return self.by_shape[key]
+        split = _split(key)
+        if split is not None:
+            shape, mode = split
+            other = next(m for m in MODES if m != mode)
+            if mode_key(shape, other) in self.by_shape:
+                return self.by_shape[mode_key(shape, other)] * self.mode_ratio(mode, other)
+            if mode in self.by_mode:
+                return self.by_mode[mode]
+            if other in self.by_mode:
+                return self.by_mode[other] * self.mode_ratio(mode, other)
         return self.overall if self.overall is not None else self.seed
 
-    def predict_s(self, key: str | None, units: float) -> float | None:
-        rate = self.rate(key)
+    def predict_s(self, key: str | None, units: float, mode: str | None = None) -> float | None:
+        rate = self.rate(key, mode)
         return None if rate is None else units * rate
 
 
 def remaining_s(
-    predicted_s: float | None, elapsed_s: float, steps_done: int = 0, steps_total: int = 0, steps_elapsed_s: float = 0.0
+    predicted_s: float | None, elapsed_s: float, steps_done: int = 0, steps_total: int = 0, steps_elapsed_s: float = 0.0,
+    before_loop_s: float = 0.0,
 ) -> float | None:
     """Predicted seconds left of a running job.
 
     Once denoise steps have been measured (``steps_done`` of ``steps_total`` in ``steps_elapsed_s``),
     the rest of the loop runs at the measured step time, and what the prediction holds beyond the
-    loop (VAE decode, encoding) is added. Before that: the prediction minus the time already spent,
-    never below a tenth of it (a job that overruns its prediction is still running).
+    loop (VAE decode, encoding) is added: the prediction less the loop and what ran before it
+    (``before_loop_s``: text encoding, from the job's start to its loop's). Before that: the
+    prediction minus the time already spent, never below a tenth of it (a job that overruns its
+    prediction is still running).
     """
     if steps_done > 0 and steps_total > 0:
         per_step = steps_elapsed_s / steps_done
         loop = per_step * steps_total
-        after_loop = max(0.0, predicted_s - loop) if predicted_s is not None else 0.0
+        after_loop = max(0.0, predicted_s - loop - before_loop_s) if predicted_s is not None else 0.0
         return per_step * max(0, steps_total - steps_done) + after_loop
     if predicted_s is None:
         return None

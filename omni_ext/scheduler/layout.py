@@ -108,15 +108,19 @@ class ServerLayout:
         name = getattr(self.executor, "__name__", None) or str(self.executor or "")
         return name.endswith(TUNED_EXECUTOR)
 
+    def cfg_mode(self, cfg_mode: CfgMode, pipeline: str | None) -> CfgMode:
+        """The ``cfg_mode`` the TunedExecutor applies: the configured one for a model with omni-ext's
+        tuned pipeline, else "pair" (its requests take a whole CFG group)."""
+        family = families.family_of(pipeline)
+        return cfg_mode if family is not None and family.splits_cfg_groups else CfgMode.PAIR
+
     def replica_slots(self, cfg_mode: CfgMode, pipeline: str | None) -> int:
         """Jobs one replica runs at once. vLLM-Omni's executor runs one request at a time. The
         TunedExecutor runs one per rank where a request can use part of a CFG group (a model with
         omni-ext's tuned pipeline, ``cfg_mode`` "adaptive" or "single"), else one per CFG group."""
         if not self.tuned:
             return 1
-        family = families.family_of(pipeline)
-        splits_groups = family is not None and family.splits_cfg_groups
-        return self.dp * self.cfg if splits_groups and cfg_mode != CfgMode.PAIR else self.dp
+        return self.dp * self.cfg if self.cfg_mode(cfg_mode, pipeline) != CfgMode.PAIR else self.dp
 
     def slots(self, cfg_mode: CfgMode, pipeline: str | None) -> int:
         """Jobs the server's replicas (as configured at start-up) run at once."""

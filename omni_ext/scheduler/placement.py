@@ -66,6 +66,15 @@ class JobMode(str, Enum):
         return cls.SINGLE
 
 
+def predicted_mode(mode: JobMode, cfg_mode: CfgMode) -> JobMode:
+    """The mode a queued job's seconds are predicted in: the mode its ranks run it in whenever others
+    wait, which is when a prediction matters (rule 2: a PAIR job on one rank under "single", and
+    under "adaptive" once others wait; a pair under "pair"). An upper bound of an adaptive job's time."""
+    if mode is JobMode.PAIR and cfg_mode != CfgMode.PAIR:
+        return JobMode.SINGLE
+    return mode.rank_mode
+
+
 @dataclass(frozen=True)
 class JobNeeds:
     """What placement knows of a queued job: its mode, and its expected cost (abstract units of

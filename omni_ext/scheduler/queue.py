@@ -49,7 +49,9 @@ class Entry(Generic[P]):
     ``payload``: what the owning mechanism keeps for it. Once started: ``started`` (the owner's
     clock), ``where`` (ranks, a replica), ``predicted_s`` (the prediction when it started, before
     ``speed``), ``speed`` (how much slower than the cost model ``where`` runs), ``steps`` (measured
-    denoise progress: done, total, seconds those took)."""
+    denoise progress: done, total, seconds those took, seconds from the job's start to its loop's),
+    ``mode``: the run mode its time is predicted in while queued and learned in once it ran
+    (:func:`~omni_ext.scheduler.cost.mode_key`; None: its class is ``key`` alone)."""
 
     ticket: Ticket
     key: str
@@ -60,7 +62,8 @@ class Entry(Generic[P]):
     where: Any = None
     predicted_s: float | None = None
     speed: float = 1.0
-    steps: tuple[int, int, float] | tuple[()] = field(default=())
+    steps: tuple[int, int, float, float] | tuple[()] = field(default=())
+    mode: str | None = None
 
     @property
     def id(self) -> str:
@@ -76,7 +79,7 @@ Predictor = Callable[[Entry, CostModel], "float | None"]
 
 
 def _by_shape(entry: Entry, model: CostModel) -> float | None:
-    return model.predict_s(entry.key, entry.units)
+    return model.predict_s(entry.key, entry.units, entry.mode)
 
 
 class JobQueue(Generic[P]):
@@ -93,19 +96,22 @@ class JobQueue(Generic[P]):
 
     # ---- a job's life ----------------------------------------------------------------------
     def entry(self, job_id: str, payload: P, *, priority: int, arrival: float, key: str, units: float,
-              learns: bool = True, deadline_s: float | None = None) -> Entry[P]:
+              learns: bool = True, deadline_s: float | None = None, mode: str | None = None) -> Entry[P]:
         """A new job priced against this queue, not yet in it (admission decides on it first);
-        ``deadline_s``: the request's own deadline (seconds from ``arrival``), None for the default."""
-        entry = Entry(Ticket(job_id, priority, arrival, deadline_s=deadline_s), key, units, payload, learns=learns)
+        ``deadline_s``: the request's own deadline (seconds from ``arrival``), None for the default;
+        ``mode``: the run mode it is predicted in (:attr:`Entry.mode`)."""
+        entry = Entry(Ticket(job_id, priority, arrival, deadline_s=deadline_s), key, units, payload, learns=learns,
+                      mode=mode)
         self.price(entry)
         return entry
 
     def admit(self, job_id: str, payload: P, *, now: float, priority: int, key: str, units: float,
-              admission: Admission, deadline_s: float | None = None) -> tuple[Entry[P], Decision]:
+              admission: Admission, deadline_s: float | None = None, mode: str | None = None) -> tuple[Entry[P], Decision]:
         """A new job arriving ``now``: priced, decided on by ``admission`` against this queue as it is
         (:meth:`snapshot`), and queued if admitted. Returns the entry (a refused one is not queued)
         and the decision."""
-        entry = self.entry(job_id, payload, priority=priority, arrival=now, key=key, units=units, deadline_s=deadline_s)
+        entry = self.entry(job_id, payload, priority=priority, arrival=now, key=key, units=units, deadline_s=deadline_s,
+                           mode=mode)
         running, queued = self.snapshot(now)
         decision = admission.decide(now, running, queued, entry.ticket)
         if decision.admitted:
@@ -125,14 +131,16 @@ class JobQueue(Generic[P]):
                                    learns=learns, deadline_s=deadline_s))
 
     def start(self, job_id: str, now: float, where: Any = None, *, speed: float = 1.0,
-              key: str | None = None) -> Entry[P]:
-        """The job runs from ``now`` on ``where``; ``key``: the class its time is predicted by there
-        (the mode it runs in), else its shape class."""
+              key: str | None = None, mode: str | None = None) -> Entry[P]:
+        """The job runs from ``now`` on ``where``; ``key``: the class its time is predicted by there,
+        else its shape class; ``mode``: the mode it runs in, when its class is its key and mode."""
         entry = self.entries[job_id]
         entry.started, entry.where, entry.speed = now, where, speed
         if key is not None:
             entry.key = key
-        entry.predicted_s = self.cost.predict_s(entry.key, entry.units)
+        if mode is not None:
+            entry.mode = mode
+        entry.predicted_s = self.cost.predict_s(entry.key, entry.units, entry.mode)
         return entry
 
     def finish(self, job_id: str, now: float, seconds: float | None = None) -> float | None:
@@ -144,7 +152,7 @@ class JobQueue(Generic[P]):
             return None
         took = max(0.0, now - entry.started) if seconds is None else seconds
         if entry.learns:
-            self.cost.observe(entry.key, entry.units, took)
+            self.cost.observe(entry.key, entry.units, took, entry.mode)
         return took
 
     def abort(self, job_id: str) -> Entry[P] | None:
@@ -194,7 +202,7 @@ class JobQueue(Generic[P]):
         """Predicted seconds left of a running job, times its place's ``speed``: its measured steps
         when known, else its prediction (from what the cost model knows now) less the time it ran;
         None while no rate is known."""
-        predicted = self.cost.predict_s(entry.key, entry.units)
+        predicted = self.cost.predict_s(entry.key, entry.units, entry.mode)
         left = remaining_s(predicted, now - (entry.started if entry.started is not None else now), *entry.steps)
         return None if left is None else left * entry.speed
 

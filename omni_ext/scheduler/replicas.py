@@ -18,7 +18,15 @@ omni-ext keeps the queue on the head instead and binds late:
    predicted to end first: its predicted seconds times the replica's measured speed (a slower host
    learns a factor > 1), ties to the replica with the least predicted work left, then the fewest
    jobs, then the lowest id.
-4. **Settle.** When every replica is idle, nothing is bound until the oldest queued request has
+4. **Deadlines.** The same deadline as inside a replica (:meth:`Ticket.deadline`: ``slo_factor`` x
+   its predicted seconds after its arrival at the head, or the request's own ``deadline_s``): a
+   replica where the request would end past it is not chosen when another replica meets it. When
+   every free replica would miss it and a busy one (a faster host) frees in time for the request
+   to meet it there, the request waits for that replica (its next slot is reserved for it, so
+   later requests in the order do not take it) and the free replicas take the requests behind it.
+   When no replica meets it, rule 3 binds it at once (it is late whatever happens). Under
+   ``order`` "cost" or "fifo" a replica's scheduler has no deadlines, and neither has this rule.
+5. **Settle.** When every replica is idle, nothing is bound until the oldest queued request has
    waited ``settle_s``: a burst's requests reach the head a few milliseconds apart and are ordered
    whole instead of first-come (as the TunedExecutor does inside a replica).
 
@@ -32,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.admission import Ticket, in_order
+from omni_ext.scheduler.admission import Ticket, in_order, slot_free_times
 
 #: Weight of the newest measurement in a replica's speed factor.
 SPEED_WEIGHT = 0.3
@@ -64,17 +72,45 @@ def finish_s(replica: ReplicaLoad, job_s: float) -> float:
     return max(0.0, job_s) * replica.speed
 
 
-def choose(replicas: Sequence[ReplicaLoad], job_s: float) -> ReplicaLoad | None:
-    """The replica with a free slot where a job of ``job_s`` predicted seconds ends first (rule 3);
-    None when no replica has a free slot."""
+def frees_in_s(replica: ReplicaLoad) -> float:
+    """Seconds from now until a slot of ``replica`` is free (0.0 when one is)."""
+    return slot_free_times(replica.running, replica.capacity)[0]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a request goes: ``replica``, now (``wait_s`` 0) or when its next slot frees (``wait_s``
+    > 0: the request waits for it on the head, rule 4)."""
+
+    replica: ReplicaLoad
+    wait_s: float = 0.0
+
+
+def choose(replicas: Sequence[ReplicaLoad], job_s: float, slack_s: float | None = None) -> Choice | None:
+    """Where a job of ``job_s`` predicted seconds goes: the free replica where it ends first (rule 3),
+    unless that misses its deadline ``slack_s`` seconds from now and a busy replica would still meet
+    it (rule 4: it waits for the one of those where it ends first). None when no replica has a free
+    slot and none is worth waiting for."""
     free = [r for r in replicas if r.free > 0]
-    if not free:
-        return None
-    return min(free, key=lambda r: (round(finish_s(r, job_s), 6), round(r.work_s, 6), len(r.running), r.id))
+    best = min(free, key=lambda r: _rank(r, job_s)) if free else None
+    if best is not None and (slack_s is None or finish_s(best, job_s) <= slack_s):
+        return Choice(best)
+    if slack_s is not None:
+        meets = [(frees_in_s(r) + finish_s(r, job_s), r.id, r) for r in replicas
+                 if r.free == 0 and frees_in_s(r) + finish_s(r, job_s) <= slack_s]
+        if meets:
+            _end, _id, r = min(meets)
+            return Choice(r, frees_in_s(r))
+    return Choice(best) if best is not None else None
+
+
+def _rank(replica: ReplicaLoad, job_s: float) -> tuple:
+    """Rule 3's order: earliest finish, then the least predicted work left, the fewest jobs, the lowest id."""
+    return (round(finish_s(replica, job_s), 6), round(replica.work_s, 6), len(replica.running), replica.id)
 
 
 def settling(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float, settle_s: float) -> float:
-    """Seconds left of the settle hold (rule 4), 0.0 when there is none."""
+    """Seconds left of the settle hold (rule 5), 0.0 when there is none."""
     if not pending or settle_s <= 0 or any(r.running for r in replicas):
         return 0.0
     oldest = min(t.arrival for t in pending)
@@ -85,8 +121,9 @@ def plan(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float,
          config: SchedulerConfig) -> list[tuple[str, int]]:
     """``(ticket id, replica id)`` for every queued request that should be bound now, in order.
 
-    ``replicas`` are the live ones; their ``running`` lists are updated as jobs are placed, so the
-    caller's view stays consistent if it applies the whole plan.
+    ``replicas`` are the live ones; their ``running`` lists are updated as jobs are placed (and as a
+    waiting request reserves a busy replica's next slot), so the caller's view stays consistent if
+    it applies the whole plan.
     """
     if settling(pending, replicas, now, config.settle_s) > 0:
         return []
@@ -95,9 +132,17 @@ def plan(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float,
     capacity = sum(replica.capacity for replica in replicas)
     for ticket in in_order(pending, now, config, running_remaining=running, capacity=capacity):
         job_s = ticket.predicted_s if ticket.predicted_s is not None else ticket.cost
-        replica = choose(replicas, job_s)
-        if replica is None:
+        # Deadlines in seconds, as a replica's own scheduler has them (only under order "slo").
+        due = ticket.deadline(config.slo_factor) if ticket.predicted_s is not None and config.order == "slo" else None
+        choice = choose(replicas, job_s, None if due is None else due - now)
+        if choice is None:
             break
+        replica = choice.replica
+        if choice.wait_s > 0:  # it waits for this replica: the slot that frees first is its own
+            slots = sorted(replica.running)
+            slots[0] += finish_s(replica, job_s)
+            replica.running[:] = slots
+            continue
         replica.running.append(finish_s(replica, job_s))
         out.append((ticket.id, replica.id))
     return out
