@@ -165,6 +165,8 @@ class JobThread(threading.Thread):
         suspend.bind_device(device)
         suspend.restore(snap, pipeline, device)
         if self.drop:
+            logger.info("omni-ext worker %d: job %s was cancelled while paused; it unwinds without resuming",
+                        self.rank, self.job_id)
             raise aborted("Request cancelled while paused")
 
     def resume(self, drop: bool = False) -> None:
