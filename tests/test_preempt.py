@@ -194,8 +194,6 @@ def test_a_paused_job_resumes_with_the_bytes_of_an_uninterrupted_run() -> None:
         return job.done.out.output
 
     alone_long, alone_short = run(1, long_req), run(2, short_req)
-    torch.manual_seed(1234)
-    rng_before = torch.get_rng_state()
 
     def ask_pause(i: int) -> None:  # the executor asks just before step 2's boundary: it pauses there
         if i == 2 and ROLE.seq == 3:
@@ -211,8 +209,7 @@ def test_a_paused_job_resumes_with_the_bytes_of_an_uninterrupted_run() -> None:
     paused.join()
     assert torch.equal(paused.done.out.output, alone_long)  # the same bytes
     assert torch.equal(between, alone_short)
-    assert paused.paused_s >= 0 and paused.done.seconds >= 0
-    del rng_before
+    assert paused.paused_s > 0 and paused.done.seconds >= 0
 
     # cancelled while paused: it unwinds (aborted) instead of resuming
     worker.pipeline.on_step = lambda i: board.__setitem__(PAUSE, pause_token(5, 1)) if i == 1 and ROLE.seq == 5 else None

@@ -214,8 +214,8 @@ class RankQueue:
                 self.cancel_slots[r] = job.seq
             for r in sorted(job.paused):
                 self._post(r, protocol.ResumeJob(job.job_id, drop=True))
-            logger.info("omni-ext: cancelling %s request %s on rank(s) %s",
-                        "paused" if job.paused else "running", job.request_id, list(job.ranks))
+            logger.info("omni-ext: cancelling running request %s on rank(s) %s%s", job.request_id, list(job.ranks),
+                        " (paused: it unwinds where it waits, without resuming)" if job.paused else "")
             if job.is_paused:
                 job.paused_at = None
                 progress.mark_paused([job.request_id], False)
