@@ -66,6 +66,9 @@ def test_a_job_about_to_miss_its_deadline_preempts_one_with_slack() -> None:
     assert choose(head, [Running("l", 0, (0,), remaining_s=20.0, deadline=21.0)], [], one, now=0.0) is None
     # it misses its deadline even if it started now: no pause
     assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 8.0, 6.0), [long_], [], one, now=0.0) is None
+    # not between jobs of similar length: a pause would only swap who waits
+    assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 4.0, 9.0),
+                  [Running("l", 0, (0,), remaining_s=7.0, deadline=100.0)], [], one, now=0.0) is None
     # never for a job of a better priority
     assert choose(head, [Running("l", -1, (0,), remaining_s=20.0, deadline=100.0)], [], one, now=0.0) is None
     # the most slack pays

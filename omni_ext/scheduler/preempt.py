@@ -16,7 +16,10 @@ Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions
 2. ``deadline``: the head would miss its deadline waiting for the first running job it fits after
    (``now + wait + predicted > deadline``), could still meet it if it started now, and a running job
    of the same or worse priority has the slack to wait for it (it still meets its own deadline
-   after the head's predicted run): the one with the most slack pauses.
+   after the head's predicted run) and holds its ranks for at least :data:`MIN_GAIN` times the
+   head's predicted time: the one with the most slack pauses. The last condition is what a pause
+   buys: a short job out from behind a long one. Between jobs of similar length (a burst of one
+   shape) a pause would only swap who waits, at the cost of a pause, so it is not made.
 
 A victim must free ranks on which the head can start (placement's rules,
 :func:`~omni_ext.scheduler.placement.next_placements`, on the free ranks plus the victim's).
@@ -38,6 +41,10 @@ from omni_ext.scheduler.placement import JobNeeds, Layout, next_placements
 
 #: The reasons a job is preempted (``omni_ext:preemptions_total{reason}``).
 REASONS: tuple[str, ...] = ("priority", "deadline")
+
+#: A deadline preemption pauses only a job with at least this many times the waiting job's predicted
+#: seconds left (rule 2 in the module docstring).
+MIN_GAIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,8 @@ def choose(head: Waiting, running: Sequence[Running], free_units: Iterable[int],
     if now + wait + head.predicted_s <= head.deadline or now + head.predicted_s > head.deadline:
         return None  # it meets its deadline by waiting, or misses it anyway
     slack = {r.id: r.deadline - (now + r.remaining_s + head.predicted_s) for r in allowed
-             if r.priority >= head.priority and r.deadline is not None and r.remaining_s is not None}
+             if r.priority >= head.priority and r.deadline is not None and r.remaining_s is not None
+             and r.remaining_s >= MIN_GAIN * head.predicted_s}
     slack = {k: v for k, v in slack.items() if v >= 0}
     if not slack:
         return None
