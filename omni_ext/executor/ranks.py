@@ -250,6 +250,11 @@ class RankQueue:
             job = entry.payload
             job.answered.add(rank)
             job.longest_s = max(job.longest_s, done.seconds)
+            for r in sorted(job.paused - job.answered) if not job.dropped else ():
+                # it ended here (an error) while others wait paused: they can never meet this rank in
+                # a collective again; unwind them (a cancelled job's paused ranks were told already)
+                job.paused.discard(r)
+                self._post(r, protocol.ResumeJob(job.job_id, drop=True))
             is_error = isinstance(out, DiffusionOutput) and bool(getattr(out, "error", None))
             if job.all_ranks:
                 if rank == job.ranks[0] or is_error:
