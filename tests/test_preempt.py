@@ -286,3 +286,35 @@ def test_no_preemption_where_the_executor_cannot_pause_exactly() -> None:
     long_ = ex.submit("video_l-0000000l", wan_request())
     ex.submit("video_u-0000000u", wan_request(priority="-1"))
     assert long_.pausing_for is None and not any(ex.cancel_slots)
+
+
+def test_a_paused_job_says_paused_in_its_progress_detail(tmp_path, monkeypatch) -> None:
+    """``GET /v1/videos/{id}`` of a job the executor paused: ``status`` stays ``in_progress``,
+    ``progress_detail.state`` is ``paused`` (from the executor's mark in the job's progress file)."""
+    from omni_ext import progress
+    from omni_ext.api.intake import ModelLimits
+    from omni_ext.progress import StepProgress
+    from tests.helpers import serve_in_process
+
+    (tmp_path / "progress").mkdir()
+    monkeypatch.setenv(progress.ENV, str(tmp_path / "progress"))
+    body = {"prompt": "a fox", "size": "64x64", "num_frames": 9, "num_inference_steps": 10, "guidance_scale": 4.0}
+    with serve_in_process(tmp_path, ModelLimits("WanPipeline", 16, 1, True)) as (client, _, files, _, _):
+        job = client.post("/v1/videos", json=body).json()
+        assert job["status"] == "queued"
+        assert client.get(f"/v1/videos/{job['id']}").json()["progress_detail"] == {"state": "queued"}
+        engine_id, t = f"{job['id']}-0000abcd", time.time()
+        files[job["id"]] = StepProgress(3, 10, t, t)  # the API's account sees it run
+        progress.write_progress([engine_id], 3, 10, t - 1.0)  # the lead rank's step report
+        seen = client.get(f"/v1/videos/{job['id']}").json()
+        assert seen["status"] == "in_progress"
+        assert seen["progress_detail"] == {"state": "running", "steps_done": 3, "steps_total": 10}
+        progress.mark_paused([engine_id], True)
+        seen = client.get(f"/v1/videos/{job['id']}").json()
+        assert seen["status"] == "in_progress" and seen["progress_detail"]["state"] == "paused"
+        listed = client.get("/v1/videos").json()["data"]
+        assert [v["progress_detail"]["state"] for v in listed if v["id"] == job["id"]] == ["paused"]
+        progress.mark_paused([engine_id], False)
+        after = progress.read_progress(job["id"])
+        assert after.mode is None and after.done == 3 and after.t_start > t - 1.0  # the paused time is left out
+        assert client.get(f"/v1/videos/{job['id']}").json()["progress_detail"]["state"] == "running"
