@@ -187,6 +187,31 @@ def _parse(text: str) -> StepProgress:
     return StepProgress(int(done), int(total), float(t0), float(t1), mode, float(rest[1]) if len(rest) > 1 else None)
 
 
+#: The start marker's word for a job paused by step-level preemption (its ``mode`` while paused).
+PAUSED = "paused"
+
+
+def mark_paused(request_ids: list[str], paused: bool) -> None:
+    """Executor side: these engine requests are paused (``paused``) or run again. The file keeps its
+    steps; ``mode`` says :data:`PAUSED` while paused, and at the resume ``t_start`` moves on by the
+    paused time, so that the rate of the steps (the predicted remaining time) leaves it out."""
+    root = progress_dir()
+    if root is None:
+        return
+    now = time.time()
+    for rid in request_ids:
+        try:
+            p = _parse((root / rid).read_text())
+        except (OSError, ValueError):
+            continue
+        if paused:
+            write_progress([rid], p.done, p.total, p.t_start, PAUSED, p.t_job)
+        else:  # the job's own start moves on too: its time (what the API learns) leaves the pause out
+            shift = max(0.0, now - p.t_last)
+            write_progress([rid], p.done, p.total, p.t_start + shift, None,
+                           p.t_job + shift if p.t_job is not None else None)
+
+
 def clear_progress(job_id: str) -> None:
     root = progress_dir()
     if root is None:
@@ -196,6 +221,47 @@ def clear_progress(job_id: str) -> None:
             path.unlink()
         except OSError:
             pass
+
+
+# ---- preemption counts ----------------------------------------------------------------------------
+#: The sub-directory where each executor process keeps its preemption counts (``<pid>.json``).
+PREEMPT_DIR = ".preemptions"
+
+
+def write_preemptions(counts: dict[str, int], paused: int) -> None:
+    """Executor side: this process's preemptions so far, by reason, and its jobs paused now (a file of
+    its own, replaced atomically). Best-effort: never raises."""
+    root = progress_dir()
+    if root is None:
+        return
+    try:
+        path = root / PREEMPT_DIR / f"{os.getpid()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps({"preemptions": counts, "paused": paused}))
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+def read_preemptions(root: Path | None = None) -> tuple[dict[str, int], int]:
+    """API side: preemptions by reason summed over every executor process of this server, and the
+    jobs paused now (only in processes still alive)."""
+    root = root or progress_dir()
+    counts: dict[str, int] = {}
+    paused = 0
+    if root is None:
+        return counts, paused
+    for path in sorted((root / PREEMPT_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            for reason, n in data.get("preemptions", {}).items():
+                counts[reason] = counts.get(reason, 0) + int(n)
+            if _pid_alive(int(path.stem)):
+                paused += int(data.get("paused", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return counts, paused
 
 
 # ---- the placement journal -------------------------------------------------------------------
@@ -252,8 +318,10 @@ def _this_journal(root: Path) -> _Journal:
 def record_placement(kind: str, request_id: str, **fields: Any) -> None:
     """Journal one placement event of this process: ``kind`` is ``queued`` (the executor could not
     start the request at once), ``start`` (the executor hands the
-    request to ``ranks`` in ``mode``), ``done`` (every rank answered) or ``bind`` (the head's
-    dispatcher binds it to a stage replica). Floats are rounded to the millisecond. Best-effort:
+    request to ``ranks`` in ``mode``), ``done`` (every rank answered), ``bind`` (the head's
+    dispatcher binds it to a stage replica), or for step-level preemption ``preempt`` (the executor
+    asks it to pause, ``reason``, ``for_request``), ``paused`` (every rank paused, before ``step``)
+    and ``resumed`` (after ``paused_s``). Floats are rounded to the millisecond. Best-effort:
     never raises, never disturbs generation."""
     root = progress_dir()
     if root is None:

@@ -225,12 +225,13 @@ def rank_queue(world: int = 2, cfg_size: int = 2, sp: int = 1, **options):
     worker processes in CFG groups of ``cfg_size`` units of ``sp`` processes (sequence parallel); what it
     sends to a process lands in ``.sent`` as (rank, message)."""
     from omni_ext.executor.ranks import RankQueue
+    from omni_ext.executor.role import board_size
     from omni_ext.scheduler.placement import Layout, Units
 
     sched = SchedulerConfig(**options)
     sent: list = []
     rq = RankQueue(Layout.regular(world // (cfg_size * sp), cfg_size), sched, model_arch="WanPipeline", tuned_model=True,
-                   cfg_mode=sched.cfg_mode, send=lambda rank, msg: sent.append((rank, msg)), cancel_slots=[0] * world,
+                   cfg_mode=sched.cfg_mode, send=lambda rank, msg: sent.append((rank, msg)), cancel_slots=[0] * board_size(world),
                    small_warmup=True, units=Units(sp))
     rq.sent = sent
     return rq

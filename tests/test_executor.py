@@ -294,7 +294,7 @@ def test_sequence_parallel_units_take_every_process_and_answer_from_the_leader()
     assert started(ex)[1] == ("video_a-0000000a", (0, 1, 2, 3), "pair") and pair.ranks == (0, 1, 2, 3)
     assert [msg.ranks for _, msg in ex.sent[-4:]] == [(0, 1, 2, 3)] * 4
     ex.abort(["video_a-0000000a"])  # running: the cancel reaches every process of both units
-    assert list(ex.cancel_slots) == [pair.seq] * 4
+    assert list(ex.cancel_slots)[:4] == [pair.seq] * 4
     finish(ex, pair)
     assert pair.future.result(timeout=1).aborted
 
@@ -399,7 +399,9 @@ def queue_behind_blocker(server, *batches: list[dict]) -> tuple[list, list[str],
     cancel the long request.
 
     One short request of SHAPE runs first, so that the API process has measured the shape and
-    predicts the long request within its admission bound (``max_wait_s``). Returns (responses,
+    predicts the long request within its admission bound (``max_wait_s``). The queued requests
+    carry a distant ``deadline_s``, so that none pauses the long request for its deadline
+    (step-level preemption; a better priority still does, ``tests/test_preemption.py``). Returns (responses,
     their engine request ids, the engine ids in the order the executor queued them, the executor
     events other than those of the long request), the first two in the order the fields were given."""
     assert video_sync(server, **SHAPE).status_code == 200
@@ -410,7 +412,7 @@ def queue_behind_blocker(server, *batches: list[dict]) -> tuple[list, list[str],
     futures = []
     with concurrent.futures.ThreadPoolExecutor(sum(len(b) for b in batches)) as pool:
         for batch in batches:
-            futures += [pool.submit(video_sync, server, **SHAPE, **fields) for fields in batch]
+            futures += [pool.submit(video_sync, server, **SHAPE, **{"deadline_s": 3600, **fields}) for fields in batch]
             n = len(futures)
             until(lambda n=n: len(queued_ids(server, queued0)) >= n, what=f"{n} request(s) to queue")
         assert requests.delete(f"{server.url}/v1/videos/{blocker['id']}", timeout=60).json()["deleted"] is True

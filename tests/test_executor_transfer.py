@@ -284,7 +284,8 @@ def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> N
     [1,3]). A "pair" job runs on all four: per step an all-to-all in its SP group (Ulysses' collective)
     and an all-gather in its CFG group, the stop check before each step (as ``_pair_step``). A "single"
     job runs on each unit separately (unit 1 a job of its own, seq + 100): per step the SP all-to-all
-    only, the stop check after each step (as the progress bar's ``check_step_cancel``)."""
+    only, the stop check after each step (as the progress bar's ``check_step_cancel``). A "...-pause"
+    job is asked to pause instead (step-level preemption): it reports the steps it paused before."""
     import time
 
     import torch.distributed as dist
@@ -302,7 +303,7 @@ def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> N
     rng = random.Random(rank)
     for seq, mode, steps, lag_s in plan:
         barrier.wait()
-        pair = mode == "pair"
+        pair = mode.startswith("pair")
         job_seq = seq if pair or units.unit_of(rank) == 0 else seq + 100
         if pair:
             set_role(JobMode.PAIR, cfg_rank=units.cfg_rank(rank, 2), cfg_size=2, seq=job_seq, ranks=(0, 1, 2, 3),
@@ -310,6 +311,8 @@ def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> N
         else:
             set_role(JobMode.SINGLE, cfg_size=2, seq=job_seq, ranks=units.ranks_of(units.unit_of(rank)),
                      sp_rank=units.sp_rank(rank))
+        paused: list[int] = []
+        ROLE.pause_hook = lambda: paused.append(ROLE.step - 1)  # a pause that resumes at once
         x, stopped = torch.arange(4, dtype=torch.float32) + rank, None
         try:
             for _ in range(steps):
@@ -327,7 +330,7 @@ def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> N
                 check_step_cancel()  # a no-op for a pair
         except DiffusionRequestAbortedError:
             stopped = ROLE.step - 1
-        results.put((rank, job_seq, stopped))
+        results.put((rank, job_seq, stopped if not mode.endswith("pause") else tuple(paused)))
     dist.destroy_process_group()
 
 
@@ -335,12 +338,13 @@ def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> N
 def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
     """A cancelled job stops at the same step on every process that shares its collectives: the four
     of a CFG 2 x SP 2 pair, the two of a unit running a SINGLE job (while the other unit runs another
-    job); a process that stopped alone would leave the others waiting in an all-to-all (a hang here)."""
+    job); a process that stopped alone would leave the others waiting in an all-to-all (a hang here).
+    A job asked to pause (step-level preemption) pauses the same way: all its processes together."""
     import queue
     import socket
     import time
 
-    from omni_ext.executor.role import new_board
+    from omni_ext.executor.role import PAUSE, new_board, pause_token
 
     ctx = process_context()
     board = new_board(ctx, 4)
@@ -350,7 +354,8 @@ def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
     # seq, mode, steps, lag per step (s): 1, 2 run to the end; 3-6 are cancelled at a random moment mid-run.
     # A "single" seq s is two jobs: s on unit 0, s + 100 on unit 1.
     plan = [(1, "pair", 6, 0.0), (2, "single", 6, 0.0)] + [
-        (seq, "pair" if seq % 2 else "single", 300, 0.004) for seq in (3, 4, 5, 6)]
+        (seq, "pair" if seq % 2 else "single", 300, 0.004) for seq in (3, 4, 5, 6)] + [
+        (7, "pair-pause", 60, 0.004), (8, "single-pause", 60, 0.004)]
     barrier, results = ctx.Barrier(5), ctx.Queue()
     procs = [ctx.Process(target=_cfg_sp_rank, args=(r, port, board, barrier, plan, results), daemon=True)
              for r in range(4)]
@@ -364,7 +369,11 @@ def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
             if seq >= 3:
                 time.sleep(rng.uniform(0.02, 0.2))
                 for rank in rng.sample(range(4), 4):  # the executor writes the slots one after the other
-                    board[rank] = seq if mode == "pair" or rank < 2 else seq + 100
+                    job_seq = seq if mode.startswith("pair") or rank < 2 else seq + 100
+                    if mode.endswith("pause"):
+                        board[PAUSE * 4 + rank] = pause_token(job_seq, 1)
+                    else:
+                        board[rank] = job_seq
                     time.sleep(rng.uniform(0.0, 0.01))
             for _ in range(4):
                 rank, s, stopped = results.get(timeout=180)  # a process stuck in a collective: Empty
@@ -382,3 +391,6 @@ def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
     assert got[1][0] is None and got[2][0] is None and got[102][2] is None  # not cancelled: ran to the end
     cancelled = [got[s][min(got[s])] for s in (3, 4, 104, 5, 6, 106)]
     assert all(t is not None and t < 300 for t in cancelled), got  # each stopped, before its last step
+    # asked to pause: every process of the job paused once, before the same step, and ran to the end
+    assert set(got[7]) == {0, 1, 2, 3} and set(got[8]) == {0, 1} and set(got[108]) == {2, 3}
+    assert all(len(got[s][min(got[s])]) == 1 for s in (7, 8, 108)), got

@@ -8,7 +8,8 @@ server processes (``--api-server-count`` > 1) vLLM switches to a multiprocess re
 process would account for its own requests only; omni-ext's scheduler assumes one API process.
 
 ``omni_ext:queue_depth`` and ``omni_ext:slo_attainment`` are computed when ``/metrics`` is scraped (a collector reading the live
-request queues), so it is never stale between requests; the rest are updated as things happen.
+request queues), so it is never stale between requests, and so are ``omni_ext:preemptions_total`` and
+``omni_ext:paused_jobs`` (the executors' files); the rest are updated as things happen.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from prometheus_client import REGISTRY, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 logger = logging.getLogger("omni_ext.api")
 
@@ -120,6 +121,41 @@ class _SloAttainment:
 
 
 REGISTRY.register(_SloAttainment())
+
+
+PREEMPTIONS = PREFIX + "preemptions"
+PREEMPTIONS_HELP = ("Running jobs paused at a denoise step so that another started (step-level preemption), by reason: "
+                    "priority (a better requested priority waited) or deadline (a job would have missed its deadline).")
+PAUSED_JOBS = PREFIX + "paused_jobs"
+PAUSED_JOBS_HELP = "Jobs paused now by step-level preemption (their state waits in worker memory)."
+
+
+class _Preemptions:
+    """``omni_ext:preemptions_total{reason}`` and ``omni_ext:paused_jobs``: counted by the TunedExecutors
+    of this server (in their engine processes) and read from the files they keep
+    (:func:`omni_ext.progress.read_preemptions`) when ``/metrics`` is scraped."""
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(PREEMPTIONS, PREEMPTIONS_HELP, labels=["reason"])
+        yield GaugeMetricFamily(PAUSED_JOBS, PAUSED_JOBS_HELP)
+
+    def collect(self) -> Iterator[Metric]:
+        from omni_ext.progress import read_preemptions
+        from omni_ext.scheduler.preempt import REASONS
+
+        try:
+            counts, paused = read_preemptions()
+        except Exception:  # never break vLLM's /metrics over omni-ext's metrics
+            logger.exception("omni-ext: reading the preemption counts failed")
+            counts, paused = {}, 0
+        family = CounterMetricFamily(PREEMPTIONS, PREEMPTIONS_HELP, labels=["reason"])
+        for reason in sorted(set(REASONS) | set(counts)):
+            family.add_metric([reason], counts.get(reason, 0))
+        yield family
+        yield GaugeMetricFamily(PAUSED_JOBS, PAUSED_JOBS_HELP, value=paused)
+
+
+REGISTRY.register(_Preemptions())
 
 
 def track(queue: QueueLike) -> None:

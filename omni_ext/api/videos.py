@@ -31,7 +31,7 @@ from omni_ext.api.jobs import Job, JobSpec
 from omni_ext.api.limits import MAX_PAGE
 from omni_ext.api.queue import Admitted, QueueView
 from omni_ext.api.state import ApiState, abort, get_state, now, video_state
-from omni_ext.progress import clear_progress, read_progress
+from omni_ext.progress import PAUSED, clear_progress, read_progress
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
@@ -126,31 +126,36 @@ async def _run_job(state: ApiState, handler: Any, job: Job, spec: JobSpec, admit
 
 
 # ---- views ------------------------------------------------------------------------------------
-def _live(state: ApiState, job: Job, queued: dict[str, QueueView]) -> float | None:
+def _live(state: ApiState, job: Job, queued: dict[str, QueueView]) -> tuple[float | None, dict[str, Any] | None]:
     """Bring an active job's status and monotone progress (0-100) up to date, from the queue's
-    account and the workers' step reports; returns its predicted seconds until it starts (queued)
-    or ends (running), None when unknown. ``queued``: :meth:`RequestQueue.views`."""
+    account and the workers' step reports. Returns its predicted seconds until it starts (queued)
+    or ends (running), None when unknown, and its ``progress_detail``: ``state`` (``queued``,
+    ``running``, ``paused`` while step-level preemption holds it in worker memory, ``encoding``)
+    and, once known, the denoise ``steps_done`` of ``steps_total``. ``queued``: :meth:`RequestQueue.views`."""
     if not job.active:
-        return 0.0
+        return 0.0, None
     progress = job.progress
     view = queued.get(job.id)
+    detail: dict[str, Any] = {"state": "running"}
     if job.meta.get("encoding"):
-        progress, remaining = max(progress, 95), 0.2
+        progress, remaining, detail = max(progress, 95), 0.2, {"state": "encoding"}
     elif view is not None:  # still queued: when it is predicted to start
-        remaining = view.wait_s
+        remaining, detail = view.wait_s, {"state": "queued"}
     else:
         _mark_running(state, job)
         progress, remaining = max(progress, job.progress), None
         step = read_progress(job.id)
         if step is not None:
             progress = max(progress, 2 + int(88 * step.fraction))
+            detail = {"state": "paused" if step.mode == PAUSED else "running",
+                      "steps_done": step.done, "steps_total": step.total}
             rest = step.remaining_s()
-            if rest is not None:
+            if rest is not None and step.mode != PAUSED:
                 remaining = rest * 1.15  # plus VAE decode and encoding, ~15 % of denoising
     if progress != job.progress:
         job.progress = progress
         state.store.save(job)
-    return remaining
+    return remaining, detail
 
 
 def poll_after_ms(remaining_s: float | None) -> int:
@@ -160,9 +165,10 @@ def poll_after_ms(remaining_s: float | None) -> int:
     return int(min(POLL_MAX_MS, max(POLL_MIN_MS, remaining_s * 1000 / 4)))
 
 
-def video_object(job: Job, view: QueueView | None = None) -> dict[str, Any]:
-    """OpenAI's video object, plus vLLM-Omni's timing fields and, while it waits, omni-ext's
-    ``queue_position``, ``predicted_wait_s`` and ``predicted_start_at``."""
+def video_object(job: Job, view: QueueView | None = None, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    """OpenAI's video object, plus vLLM-Omni's timing fields, while it is active omni-ext's
+    ``progress_detail`` (:func:`_live`) and, while it waits, ``queue_position``, ``predicted_wait_s``
+    and ``predicted_start_at``."""
     obj: dict[str, Any] = {
         "id": job.id, "object": "video", "model": job.model, "status": job.status, "progress": job.progress,
         "created_at": job.created_at, "completed_at": job.completed_at, "expires_at": job.expires_at,
@@ -172,6 +178,8 @@ def video_object(job: Job, view: QueueView | None = None) -> dict[str, Any]:
     for key in ("priority", "num_frames", "fps", "inference_time_s", "peak_memory_mb", "stage_durations"):
         if key in job.meta:
             obj[key] = job.meta[key]
+    if detail is not None and job.active:
+        obj["progress_detail"] = detail
     if view is not None:
         known = view.wait_s is not None
         obj.update({"queue_position": view.position,
@@ -182,9 +190,9 @@ def video_object(job: Job, view: QueueView | None = None) -> dict[str, Any]:
 
 def _video_response(state: ApiState, job: Job) -> JSONResponse:
     queued = state.queue.views()
-    remaining = _live(state, job, queued)
+    remaining, detail = _live(state, job, queued)
     headers = {"openai-poll-after-ms": str(poll_after_ms(remaining))} if job.active else None
-    return JSONResponse(video_object(job, queued.get(job.id)), headers=headers)
+    return JSONResponse(video_object(job, queued.get(job.id), detail), headers=headers)
 
 
 # ---- routes -----------------------------------------------------------------------------------
@@ -253,9 +261,7 @@ async def list_videos(request: Request, after: str | None = None, limit: str = "
     except KeyError:
         raise bad_request(f"No video with id '{after}' to page after.", "after") from None
     queued = state.queue.views()
-    for job in jobs:
-        _live(state, job, queued)
-    data = [video_object(j, queued.get(j.id)) for j in jobs]
+    data = [video_object(j, queued.get(j.id), _live(state, j, queued)[1]) for j in jobs]
     return JSONResponse({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
                          "last_id": data[-1]["id"] if data else None, "has_more": has_more})
 

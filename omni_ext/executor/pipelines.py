@@ -61,7 +61,8 @@ class _TunedCfgMixin:
     A PAIR job runs vLLM-Omni's CFG-parallel step unchanged (each rank its own branch, its one
     all-gather, the same combine on both ranks). Before each step both ranks consult the executor's
     shared board (:func:`omni_ext.executor.role.stop_now`): a cancellation stops both at the
-    same step boundary, with no extra collective and no host synchronization per step.
+    same step boundary, and a pause (step-level preemption) holds both there until the job resumes,
+    with no extra collective and no host synchronization per step.
 
     vLLM-Omni's own cooperative cancellation (``supports_request_cancellation``) is off here: its
     per-step check is an all-reduce over the WORLD group, which cannot work when ranks run

@@ -1,8 +1,9 @@
 """The messages between the TunedExecutor and its worker processes, and how they travel.
 
-One pipe per worker. The executor sends :class:`RunJob`, :class:`CallRpc` and :class:`Shutdown`;
-a worker answers once at start-up (:class:`Ready` or :class:`StartFailed`), then one
-:class:`JobDone` per job and one :class:`RpcResult` per call, in order.
+One pipe per worker. The executor sends :class:`RunJob`, :class:`ResumeJob`, :class:`CallRpc` and
+:class:`Shutdown`; a worker answers once at start-up (:class:`Ready` or :class:`StartFailed`), then
+one :class:`JobDone` per job, one :class:`Paused` each time a job pauses (the executor asked through
+the shared board, :mod:`omni_ext.executor.role`) and one :class:`RpcResult` per call, in order.
 
 Messages are pickled with the standard pickler and sent with ``send_bytes`` (:func:`send`), not
 with ``Connection.send``'s ``ForkingPickler`` (that one would turn a tensor into a torch
@@ -44,6 +45,15 @@ class RunJob:
     seq: int
     ranks: tuple[int, ...] = ()
     unit_size: int = 1
+
+
+@dataclass(frozen=True)
+class ResumeJob:
+    """Resume the paused job ``job_id`` on this rank (it answers later with ``Paused`` or ``JobDone``);
+    ``drop``: it was cancelled while paused, unwind it instead (its memory is freed; ``JobDone`` aborted)."""
+
+    job_id: str
+    drop: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,16 @@ class JobDone:
 
 
 @dataclass(frozen=True)
+class Paused:
+    """The job paused on ``rank`` before its step boundary ``step`` and waits in worker memory; the
+    rank is free for another job until a :class:`ResumeJob`."""
+
+    job_id: str
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
 class RpcResult:
     """The answer of one :class:`CallRpc`: the method's result, or the error text when not ``ok``."""
 
@@ -100,7 +120,7 @@ class RpcResult:
     result: Any
 
 
-Message = Union[RunJob, CallRpc, Shutdown, Ready, StartFailed, JobDone, RpcResult]
+Message = Union[RunJob, ResumeJob, CallRpc, Shutdown, Ready, StartFailed, JobDone, Paused, RpcResult]
 
 
 #: A pickled :class:`JobDone` above this many bytes is refused: outputs travel through shared memory,

@@ -19,6 +19,14 @@ process (:func:`omni_ext.progress.mark_started`) and sends it to its ranks. A ra
 soon as it answers, and a request is answered as soon as the rank holding its output answers (for
 Qwen-Image CFG rank 1 skips the VAE decode and is free early). Times are learned per shape class
 and per mode the ranks ran a job in (:meth:`RankQueue.cost_key`).
+
+Preemption (step-level). When the job that should start next cannot start on the free ranks,
+:func:`omni_ext.scheduler.preempt.choose` may name a running job to pause for it. The pause is asked
+through the shared board (its token in the job's PAUSE cells, :mod:`omni_ext.executor.role`); each of
+its ranks answers :class:`~protocol.Paused` at the agreed step and is free. The job that asked starts
+on them first; nothing else starts on a paused job's ranks, and as soon as they are all free again the
+paused job resumes there (:class:`~protocol.ResumeJob`), before anything queued. A paused job that is
+cancelled unwinds instead of resuming (``ResumeJob(drop=True)``), which frees its memory.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ from vllm_omni.diffusion.data import DiffusionOutput
 
 from omni_ext import progress
 from omni_ext.executor import protocol
-from omni_ext.scheduler import cost, placement
+from omni_ext.executor.role import PAUSE, board_size, pause_token
+from omni_ext.scheduler import cost, placement, preempt
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig
 from omni_ext.models.families import request_cost
 from omni_ext.scheduler.cost import CostModel
@@ -70,6 +79,16 @@ class Job:
     longest_s: float = 0.0
     dropped: bool = False
     first_out: Any = None
+    pauses: int = 0  # times it paused (step-level preemption)
+    pausing_for: str | None = None  # the job it pauses for, from the request until it resumes
+    pause_reason: str = ""
+    paused: set[int] = field(default_factory=set)  # its ranks that answered Paused
+    paused_at: float | None = None  # monotonic, while every rank of it is paused
+    paused_step: int = 0
+
+    @property
+    def is_paused(self) -> bool:
+        return self.paused_at is not None
 
     @property
     def all_ranks(self) -> bool:
@@ -88,13 +107,14 @@ class RankQueue:
     omni-ext's pipeline runs it (a request may then use part of a CFG group, else it takes a whole
     group and its warm-up is an ordinary request); ``cfg_mode``: the scheduler's, as it applies to
     this model; ``small_warmup``: the warm-up runs at a small size (a CPU host); ``units``: the
-    worker processes of each of ``layout``'s ranks (sequence parallel).
+    worker processes of each of ``layout``'s ranks (sequence parallel); ``preempt_refusal``: why
+    this executor's jobs cannot be paused (None: they can, when the scheduler's ``preempt`` is on).
     """
 
     def __init__(
         self, layout: Layout, sched: SchedulerConfig, *, model_arch: str | None, tuned_model: bool, cfg_mode: CfgMode,
         send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int], small_warmup: bool = False,
-        units: placement.Units = placement.Units(),
+        units: placement.Units = placement.Units(), preempt_refusal: str | None = None,
     ) -> None:
         self.layout, self.sched, self.cfg_mode, self.units = layout, sched, cfg_mode, units
         self.cfg_size = len(layout.groups[0]) if layout.groups else 1
@@ -107,6 +127,10 @@ class RankQueue:
         self.hold = 0  # > 0 while a control-plane RPC waits for every rank to be idle: nothing starts
         self.stopped = False  # the executor failed or shut down: nothing starts
         self._ids = itertools.count(1)
+        self.preempts = sched.preempt and preempt_refusal is None
+        if sched.preempt and preempt_refusal is not None:
+            logger.info("omni-ext: step-level preemption is off: %s", preempt_refusal)
+        self.preemptions: dict[str, int] = {r: 0 for r in preempt.REASONS}
 
     @property
     def costs(self) -> CostModel:
@@ -183,11 +207,19 @@ class RankQueue:
             resolve(job, DiffusionOutput(aborted=True, abort_message=f"Request {job.request_id} aborted."))
             logger.info("omni-ext: cancelled queued request %s", job.request_id)
         elif not job.all_ranks:
-            # Running: its rank(s) stop at the next denoise step and are free for the next job.
+            # Running: its rank(s) stop at the next denoise step and are free for the next job. A
+            # paused one unwinds where it waits (once its rank is done with the job running there).
             self.jobs.forget(job.job_id)
             for r in job.ranks:
                 self.cancel_slots[r] = job.seq
-            logger.info("omni-ext: cancelling running request %s on rank(s) %s", job.request_id, list(job.ranks))
+            for r in sorted(job.paused):
+                self._post(r, protocol.ResumeJob(job.job_id, drop=True))
+            logger.info("omni-ext: cancelling running request %s on rank(s) %s%s", job.request_id, list(job.ranks),
+                        " (paused: it unwinds where it waits, without resuming)" if job.paused else "")
+            if job.is_paused:
+                job.paused_at = None
+                progress.mark_paused([job.request_id], False)
+                self._report()
 
     def answer(self, rank: int, done: protocol.JobDone) -> None:
         """A rank's answer as it came through its pipe, in that rank's reader thread: the output is
@@ -218,6 +250,11 @@ class RankQueue:
             job = entry.payload
             job.answered.add(rank)
             job.longest_s = max(job.longest_s, done.seconds)
+            for r in sorted(job.paused - job.answered) if not job.dropped else ():
+                # it ended here (an error) while others wait paused: they can never meet this rank in
+                # a collective again; unwind them (a cancelled job's paused ranks were told already)
+                job.paused.discard(r)
+                self._post(r, protocol.ResumeJob(job.job_id, drop=True))
             is_error = isinstance(out, DiffusionOutput) and bool(getattr(out, "error", None))
             if job.all_ranks:
                 if rank == job.ranks[0] or is_error:
@@ -226,6 +263,34 @@ class RankQueue:
                 resolve(job, out)  # answer now, even if the partner rank is still finishing
             if len(job.answered) == len(job.ranks):
                 self._finished(job, out, is_error)
+            self.dispatch()
+            self.lock.notify_all()
+
+    def on_paused(self, rank: int, msg: protocol.Paused) -> None:
+        """A rank paused its job at a step boundary (it waits in the worker): the rank is free. Once
+        every rank of the job paused, the job that asked for it starts there (:meth:`dispatch`)."""
+        with self.lock:
+            if self.busy.get(rank) == msg.job_id:
+                self.busy[rank] = None
+            entry = self.jobs.get(msg.job_id)
+            job = entry.payload if entry is not None else None
+            if job is None or not entry.running:
+                self.lock.notify_all()
+                return
+            job.paused.add(rank)
+            if job.dropped:  # cancelled on its way to the pause: unwind at once
+                self._post(rank, protocol.ResumeJob(job.job_id, drop=True))
+            elif len(job.paused) == len(job.ranks):
+                now = time.monotonic()
+                job.paused_at, job.paused_step, job.pauses = now, msg.step, job.pauses + 1
+                self.preemptions[job.pause_reason] = self.preemptions.get(job.pause_reason, 0) + 1
+                logger.info("omni-ext: paused request %s before step %d on rank(s) %s; its memory stays there "
+                            "(pause %d of at most %d)", job.request_id, msg.step, list(job.ranks), job.pauses,
+                            self.sched.max_preemptions)
+                progress.mark_paused([job.request_id], True)
+                progress.record_placement("paused", job.request_id, ranks=list(job.ranks), step=msg.step,
+                                          reason=job.pause_reason, for_request=self._request_of(job.pausing_for))
+                self._report()
             self.dispatch()
             self.lock.notify_all()
 
@@ -265,7 +330,7 @@ class RankQueue:
 
     def late(self, now: float) -> list[Job]:
         with self.lock:
-            return [j for j in self.running() if j.deadline is not None and now > j.deadline]
+            return [j for j in self.running() if j.deadline is not None and now > j.deadline and not j.is_paused]
 
     def on_ranks(self, ranks: list[int]) -> list[Job]:
         with self.lock:
@@ -274,7 +339,11 @@ class RankQueue:
     def describe(self) -> str:
         with self.lock:
             return (f"pending={[j.request_id for j in self.queued()]} "
-                    f"running={[(j.request_id, j.ranks) for j in self.running()]} busy={self.busy}")
+                    f"running={[(j.request_id, j.ranks) for j in self.running()]} busy={self.busy} "
+                    f"paused={[j.request_id for j in self.running() if j.is_paused]}")
+
+    def paused_jobs(self) -> list[Job]:
+        return [j for j in self.running() if j.is_paused]
 
     # ---- dispatch -------------------------------------------------------------------------------
     def cost_key(self, job: Job, mode: JobMode) -> str:
@@ -299,17 +368,112 @@ class RankQueue:
         timer.start()
 
     def dispatch(self) -> None:
-        """Start what the order and placement rules allow now (under the lock; nothing while held)."""
-        if self.stopped or not self.jobs.queued():
+        """Start what the order and placement rules allow now (under the lock; nothing while held):
+        first the job a paused one paused for, then the paused jobs whose ranks are free again
+        resume, then placement's starts on the other free ranks, then, when the next job still
+        cannot start, a preemption for it (module docstring)."""
+        if self.stopped:
             return
         now = time.monotonic()
+        paused = [j for j in self.running() if j.pausing_for is not None]
+
+        def units_of(jobs: list[Job]) -> set[int]:
+            return {self.units.unit_of(r) for j in jobs for r in j.ranks}
+
+        for victim in paused:  # 1. the job it paused for takes its ranks
+            head = self.jobs.get(victim.pausing_for or "")
+            if not victim.is_paused or self.hold or head is None or head.running:
+                continue
+            free = set(self.units.free_units(self.layout, self.busy)) - units_of([j for j in paused if j is not victim])
+            for start in placement.next_placements([head.payload], free, self.layout, cfg_mode=self.cfg_mode, now=now):
+                self._start(start.job, start.ranks, start.mode, now)
+        for victim in paused:  # 2. then paused jobs resume as soon as their ranks are free (also when it could not start)
+            if victim.is_paused and not victim.dropped and all(self.busy.get(r) is None for r in victim.ranks):
+                self._resume(victim, now)
+        if not self.jobs.queued():
+            return
+        paused = [j for j in paused if j.pausing_for is not None]
+        free = set(self.units.free_units(self.layout, self.busy)) - units_of(paused)
         ordered = [e.payload for e in self.jobs.ordered(now, len(self.layout.groups))]  # a job per group: risk seen early
         starts = placement.next_placements(
-            ordered, self.units.free_units(self.layout, self.busy), self.layout,
+            ordered, free, self.layout,
             hold=bool(self.hold), cfg_mode=self.cfg_mode, now=now, settle_s=self.sched.settle_s,
         )
         for start in starts:
             self._start(start.job, start.ranks, start.mode, now)
+            free.difference_update(start.ranks)
+        in_flight = any(not j.is_paused for j in paused)
+        if len(starts) < len(ordered) and self.preempts and not self.hold and not in_flight:
+            self._maybe_preempt(ordered[len(starts)], free, paused, now)
+
+    def _maybe_preempt(self, head: Job, free: set[int], paused: list[Job], now: float) -> None:
+        """Ask :func:`omni_ext.scheduler.preempt.choose` whether a running job pauses for ``head`` (one
+        pause in flight at a time), and ask its ranks to pause. A job running over a paused one (on
+        any of its ranks) is not preemptible: a paused job waits for one job at a time."""
+        if head.all_ranks or head.warm_up:
+            return
+        slo = self.sched.slo_factor
+        held = {r for j in paused for r in j.ranks}
+        cands = []
+        for j in self.running():
+            if j.all_ranks or j.pausing_for is not None:
+                continue
+            entry = self.entry(j)
+            cands.append(preempt.Running(
+                j.job_id, entry.ticket.priority, tuple(sorted({self.units.unit_of(r) for r in j.ranks})),
+                remaining_s=self.jobs.remaining(entry, now), deadline=entry.ticket.deadline(slo), preemptions=j.pauses,
+                preemptible=not (j.warm_up or j.dropped or j.mode is None or held & set(j.ranks)),
+            ))
+        ticket = self.entry(head).ticket
+        want = preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, ticket.deadline(slo))
+        choice = preempt.choose(want, cands, free, self.layout, now=now, cfg_mode=self.cfg_mode,
+                                max_preemptions=self.sched.max_preemptions)
+        if choice is None:
+            return
+        victim = self.jobs.entries[choice.victim].payload
+        victim.pausing_for, victim.pause_reason = head.job_id, choice.reason
+        victim.paused.clear()
+        token = pause_token(victim.seq, victim.pauses + 1)
+        world = len(self.busy)
+        for r in victim.ranks:
+            if len(self.cancel_slots) >= board_size(world):
+                self.cancel_slots[PAUSE * world + r] = token
+        logger.info("omni-ext: preempting request %s on rank(s) %s for request %s (reason %s: %s); it pauses at its "
+                    "next step boundary and resumes there afterwards", victim.request_id, list(victim.ranks),
+                    head.request_id, choice.reason, choice.detail)
+        progress.record_placement("preempt", victim.request_id, ranks=list(victim.ranks), reason=choice.reason,
+                                  for_request=head.request_id)
+
+    def _resume(self, job: Job, now: float) -> None:
+        paused_s = now - (job.paused_at or now)
+        if job.deadline is not None:
+            job.deadline += paused_s  # the time limit counts running time
+        job.paused_at, job.pausing_for = None, None
+        progress.mark_paused([job.request_id], False)
+        for r in job.ranks:
+            self.busy[r] = job.job_id
+        ranks = sorted(job.paused)
+        job.paused.clear()
+        for r in ranks:
+            self._post(r, protocol.ResumeJob(job.job_id))
+        logger.info("omni-ext: resumed request %s on rank(s) %s after %.2f s paused", job.request_id, list(job.ranks),
+                    paused_s)
+        progress.record_placement("resumed", job.request_id, ranks=list(job.ranks), paused_s=paused_s)
+        self._report()
+
+    def _post(self, rank: int, msg: protocol.Message) -> None:
+        try:
+            self.send(rank, msg)
+        except Exception as exc:  # a dead pipe: the monitor reports the death
+            logger.error("omni-ext: could not send %s to worker %d: %s", type(msg).__name__, rank, exc)
+
+    def _request_of(self, job_id: str | None) -> str | None:
+        entry = self.jobs.get(job_id or "")
+        return entry.payload.request_id if entry is not None else None
+
+    def _report(self) -> None:
+        """The preemption counts and paused jobs, for the API process's ``/metrics``."""
+        progress.write_preemptions(self.preemptions, len(self.paused_jobs()))
 
     def _start(self, job: Job, units: tuple[int, ...], mode: JobMode, now: float) -> None:
         entry = self.entry(job)

@@ -19,6 +19,13 @@ computes. A job on one process stops at its next denoise step (:func:`check_step
 processes of a job on several (a CFG pair, a sequence-parallel unit, or both) agree on the step at
 which all stop through the same board (:func:`stop_now`), without a collective and without reading
 anything back from the device.
+
+Pausing a running job (step-level preemption, :mod:`omni_ext.scheduler.preempt` decides whom): the
+executor writes a pause token into the job's cells of the same board; its processes agree on a pause
+step exactly as on a stop step (:func:`boundary`) and, at that step, call the job's
+``pause_hook`` (set by the worker, :mod:`omni_ext.executor.worker`), which blocks the job's thread
+until it is resumed. Every process of the job pauses before the same step, so none waits in a
+collective another has not entered.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class Role:
     step: int = 0  # step boundaries this rank has passed in the current job (stop_now)
     ranks: tuple[int, ...] = ()  # every process of the current job, its lead first
     sp_rank: int = 0  # this process's rank in its unit (0: the unit's leader)
+    pauses: int = 0  # times the current job has paused (its next pause is number pauses + 1)
+    pause_hook: Any = None  # called at an agreed pause step; blocks until the job resumes (the worker's)
 
 
 ROLE = Role()
@@ -61,6 +70,8 @@ def set_role(mode: str, cfg_rank: int = 0, cfg_size: int = 1, seq: int = 0, rank
     ROLE.seq = seq
     ROLE.step = 0
     ROLE.sp_rank = sp_rank
+    ROLE.pauses = 0
+    ROLE.pause_hook = None
     if not ranks and mode == JobMode.PAIR and cfg_size == 2:
         lead = ROLE.rank - cfg_rank
         ranks = (lead, lead + 1)
@@ -99,16 +110,15 @@ def aborted(message: str = "Request cancelled at a denoise step") -> Exception:
 
 
 def check_step_cancel() -> None:
-    """At a step boundary of a SINGLE job: stop if cancelled (pair jobs: :func:`stop_now` before each
-    CFG-parallel step). A job on one process stops at once; on a sequence-parallel unit its
-    processes agree on the step first (:func:`stop_now`): one that stopped alone would leave the
-    others waiting in the next step's SP all-to-all."""
+    """At a step boundary of a SINGLE job: stop if cancelled, pause if asked (pair jobs:
+    :func:`stop_now` before each CFG-parallel step). A job on one process decides alone; on a
+    sequence-parallel unit its processes agree on the step first (:func:`boundary`): one that
+    stopped or paused alone would leave the others waiting in the next step's SP all-to-all."""
     if ROLE.mode != JobMode.SINGLE:
         return
-    if len(ROLE.ranks) > 1:
-        if stop_now():
+    if stop_now():
+        if len(ROLE.ranks) > 1:
             raise aborted("Request cancelled at a denoise step (every process of its unit stopped together)")
-    elif local_cancel_flag():
         raise aborted()
 
 
@@ -117,11 +127,24 @@ def check_step_cancel() -> None:
 #: (written by the executor); AT_SEQ[r]/AT[r]: the job and the step boundary rank r has last
 #: passed; STOP_SEQ[g]/STOP[g]: the job and the step at which the job led by rank g stops (written
 #: once per cancelled job, by whichever of its ranks decides first).
-CANCEL, AT_SEQ, AT, STOP_SEQ, STOP = range(5)
+#: PAUSE[r]: the pause token (:func:`pause_token`) rank r must pause its job for (written by the
+#: executor, 0 when none); PTOKEN[g]/PSTEP[g]: the token and the step at which the job led by rank g
+#: pauses (written once per pause, like STOP).
+CANCEL, AT_SEQ, AT, STOP_SEQ, STOP, PAUSE, PTOKEN, PSTEP = range(8)
+SECTIONS = 8
+
+#: What a process does at a step boundary (:func:`boundary`).
+RUN, HALT, PAUSED = "run", "stop", "pause"
 
 
 def board_size(world: int) -> int:
-    return 5 * world
+    return SECTIONS * world
+
+
+def pause_token(seq: int, number: int) -> int:
+    """The board's value for the ``number``-th pause (1, 2, ...) of job ``seq``: each pause of a job is
+    agreed on afresh, and a token already used can never match again."""
+    return seq * 1024 + number
 
 
 def new_board(ctx: Any, world: int) -> Any:
@@ -131,11 +154,32 @@ def new_board(ctx: Any, world: int) -> Any:
 
 
 def stop_now() -> bool:
-    """At the boundary before this rank's next step of a job on several processes (a CFG pair, a
-    sequence-parallel unit, both): True when the job stops here (the caller raises :func:`aborted`);
-    all of its processes then return True at the SAME step. Every process of the job calls it at
-    the same boundaries (they run the same code; a pair before each CFG-parallel step, a SINGLE job
-    on a unit at each progress-bar step, :func:`check_step_cancel`).
+    """At the boundary before this rank's next step of a job: True when the job stops here (the
+    caller raises :func:`aborted`). When the job pauses here, this returns only once it was resumed
+    (``pause_hook``), and False: the job goes on with this step (or stops, when the hook raises)."""
+    what = boundary()
+    if what == PAUSED:
+        pause_here()
+    return what == HALT
+
+
+def pause_here() -> None:
+    """The agreed pause step is reached: count it and block in the worker's hook until resumed (the
+    hook raises :func:`aborted` when the paused job was cancelled instead). Without a hook (not a
+    tuned worker: the unit tests), the job simply goes on."""
+    ROLE.pauses += 1
+    hook = ROLE.pause_hook
+    if hook is not None:
+        hook()
+
+
+def boundary() -> str:
+    """At the boundary before this rank's next step of a job: HALT when the job stops here (the
+    caller raises :func:`aborted`), PAUSED when it pauses here (:func:`pause_here`), else RUN; on a
+    job of several processes (a CFG pair, a sequence-parallel unit, both) all of them return HALT
+    (or PAUSED) at the SAME step. Every process of the job calls it at the same boundaries (they run
+    the same code; a pair before each CFG-parallel step, a SINGLE job at each progress-bar step,
+    :func:`check_step_cancel`). A job on one process decides alone (the same code, no other process).
 
     Agreement (proof). Let t be the index of the step this rank is about to start (it has started
     steps 0..t-1, so it has entered the collectives of steps 0..t-1). Under the board's lock the
@@ -164,27 +208,47 @@ def stop_now() -> bool:
     copy of the whole prediction. The processes of a job belong to one executor on one host, so
     they agree through the board instead; the step runs vLLM-Omni's own collectives unchanged, and
     the per-step cost is one uncontended process-shared lock (no device work, no read-back).
+
+    Pausing is agreed the same way, on its own cells: the executor writes the token of the job's next
+    pause (:func:`pause_token`: job and pause number) into each of its processes' PAUSE cells; the
+    first process to see it sets the pause step ``P = max(t, a + 1)`` under the token, the others
+    follow it, by the argument above. Each pause has a token of its own (every process counts the
+    same pauses), so a job may pause again later; the executor may withdraw a request (PAUSE set to
+    0) at any time: either no process has agreed on it yet (none pauses) or one has (all do). A stop
+    agreed for the same step wins over a pause.
     """
     board = ROLE.cancel_slots
     t = ROLE.step
     ROLE.step = t + 1
     if board is None or not ROLE.seq:
-        return False
-    world = len(board) // 5
+        return RUN
+    world = len(board) // SECTIONS
     seq, me = ROLE.seq, ROLE.rank
     ranks = ROLE.ranks or (me,)
     lead = ranks[0]
+    token = pause_token(seq, ROLE.pauses + 1)
+    stop = pause = None
     with board.get_lock():
         cells = board.get_obj()
         cells[AT_SEQ * world + me], cells[AT * world + me] = seq, t
+        asked_stop = cells[STOP_SEQ * world + lead] != seq and cells[CANCEL * world + me] == seq
+        asked_pause = cells[PTOKEN * world + lead] != token and cells[PAUSE * world + me] == token
+        if asked_stop or asked_pause:
+            seen = max((cells[AT * world + r] for r in ranks if r != me and cells[AT_SEQ * world + r] == seq), default=-1)
         if cells[STOP_SEQ * world + lead] == seq:
             stop = cells[STOP * world + lead]
-        elif cells[CANCEL * world + me] == seq:
-            seen = max((cells[AT * world + r] for r in ranks if r != me and cells[AT_SEQ * world + r] == seq), default=-1)
+        elif asked_stop:
             stop = max(t, seen + 1)
             cells[STOP_SEQ * world + lead], cells[STOP * world + lead] = seq, stop
-        else:
-            return False
-    if t > stop:  # impossible by the argument above; fail loudly rather than hang
-        raise RuntimeError(f"omni-ext: a job's process passed its stop step {stop} (at {t})")
-    return t == stop
+        if cells[PTOKEN * world + lead] == token:
+            pause = cells[PSTEP * world + lead]
+        elif asked_pause:
+            pause = max(t, seen + 1)
+            cells[PTOKEN * world + lead], cells[PSTEP * world + lead] = token, pause
+    for agreed, what in ((stop, HALT), (pause, PAUSED)):
+        if agreed is not None:
+            if t > agreed:  # impossible by the argument above; fail loudly rather than hang
+                raise RuntimeError(f"omni-ext: a job's process passed its {what} step {agreed} (at {t})")
+            if t == agreed:
+                return what
+    return RUN

@@ -161,6 +161,7 @@ class TunedExecutor(DiffusionExecutor):
         self.ranks = RankQueue(
             self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
             send=self._post, cancel_slots=self._cancel_slots, small_warmup=device_type == "cpu", units=self.units,
+            preempt_refusal=self._preempt_refusal(),
         )
         self._lock = self.ranks.lock
         self._threads = [
@@ -179,6 +180,17 @@ class TunedExecutor(DiffusionExecutor):
             "" if self.cfg_mode == self.sched.cfg_mode else f" (configured {self.sched.cfg_mode}: no tuned pipeline)",
             f", worker env {worker_env}" if worker_env else "",
         )
+
+    def _preempt_refusal(self) -> str | None:
+        """Why this executor's jobs cannot be paused exactly (step-level preemption), or None. The
+        pause point of a CFG pair is omni-ext's tuned pipeline; a cache backend keeps per-request
+        state in the transformer that the pause does not save (:mod:`omni_ext.executor.suspend`)."""
+        if not self._tuned_model:
+            return f"{self.model_arch} runs without omni-ext's tuned pipeline"
+        backend = getattr(self.od_config, "cache_backend", None)
+        if backend not in (None, "", "none"):
+            return f"cache backend {backend!r} keeps per-request state a pause cannot save"
+        return None
 
     def _launch_workers(self) -> None:
         from vllm.v1.executor.multiproc_executor import set_multiprocessing_worker_envs
@@ -378,6 +390,8 @@ class TunedExecutor(DiffusionExecutor):
                 continue
             if isinstance(msg, protocol.JobDone):
                 self.ranks.answer(rank, msg)
+            elif isinstance(msg, protocol.Paused):
+                self.ranks.on_paused(rank, msg)
             elif isinstance(msg, protocol.RpcResult):
                 self._on_rpc_result(rank, msg)
 

@@ -10,13 +10,23 @@ and :class:`~protocol.Shutdown` ends the loop.
 A job's output leaves the worker as host memory in POSIX shared memory
 (:func:`~protocol.output_to_shared_memory`), never as a pickled tensor; its ``peak_memory_mb`` is this
 rank's own peak during the job (:func:`_run_job`).
+
+Each job runs in a thread of its own (:class:`JobThread`), while the loop waits for it to settle:
+done (answered with :class:`~protocol.JobDone`) or paused at a step boundary (step-level
+preemption: answered with :class:`~protocol.Paused`; the loop then serves the next message, e.g.
+another job). A paused job's thread keeps its frames (latents, step, generator) and waits; what the
+next job would clobber is saved and restored around the pause (:mod:`omni_ext.executor.suspend`). A
+:class:`~protocol.ResumeJob` releases it (or, ``drop``, lets it unwind as cancelled, which frees its
+memory) and the loop waits for it again. One job thread runs at a time; a paused one only waits.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from typing import Any
@@ -70,13 +80,23 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
         protocol.send(conn, protocol.StartFailed(rank, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
         raise
     protocol.send(conn, protocol.Ready(rank, os.getpid()))
+    paused: dict[str, JobThread] = {}
     try:
         while True:
             msg = protocol.recv(conn)
             if isinstance(msg, protocol.Shutdown):
                 break
             if isinstance(msg, protocol.RunJob):
-                _answer_job(conn, _run_job(worker, od_config, rank, msg))
+                job = JobThread(worker, od_config, rank, msg)
+                job.start()
+                _follow(conn, job, paused)
+            elif isinstance(msg, protocol.ResumeJob):
+                job = paused.pop(msg.job_id, None)
+                if job is None:
+                    logger.warning("omni-ext worker %d: no paused job %s to resume", rank, msg.job_id)
+                    continue
+                job.resume(drop=msg.drop)
+                _follow(conn, job, paused)
             elif isinstance(msg, protocol.CallRpc):
                 _call(conn, worker, rank, msg)
     except (EOFError, OSError):
@@ -90,14 +110,121 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
             logger.warning("omni-ext worker %d: shutdown error: %s", rank, exc)
 
 
-def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> protocol.JobDone:
+class JobThread(threading.Thread):
+    """One job on this worker, in its own thread, so that it can pause at a step boundary while
+    the worker runs another (module docstring). States: ``running`` -> ``paused`` (blocked in
+    :meth:`pause`, the role's ``pause_hook``) -> ``running`` ... -> ``done``."""
+
+    def __init__(self, worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> None:
+        super().__init__(name=f"omni-ext-job-{job.job_id}", daemon=True)
+        self.worker, self.od_config, self.rank, self.job = worker, od_config, rank, job
+        self.state = "running"
+        self.cv = threading.Condition()
+        self.drop = False
+        self.paused_s = 0.0  # seconds spent paused, not counted as the job's time
+        self.step = 0  # the step boundary it paused at (ROLE.step)
+        self.done: protocol.JobDone | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    def run(self) -> None:
+        from omni_ext.executor import suspend
+
+        try:
+            suspend.bind_device(_device(self.worker))
+            self.done = _run_job(self.worker, self.od_config, self.rank, self.job, thread=self)
+        except BaseException as exc:  # never leave the loop waiting
+            from vllm_omni.diffusion.data import DiffusionOutput
+
+            logger.exception("omni-ext worker %d: job %s failed", self.rank, self.job_id)
+            self.done = protocol.JobDone(self.job_id, self.rank, DiffusionOutput(error=f"{type(exc).__name__}: {exc}"),
+                                         True, 0.0)
+        finally:
+            with self.cv:
+                self.state = "done"
+                self.cv.notify_all()
+
+    def pause(self) -> None:
+        """In the job's thread, at the agreed pause step: save what another job would clobber, report
+        paused, wait; then restore it, or unwind as cancelled when dropped."""
+        from omni_ext.executor import suspend
+        from omni_ext.executor.role import ROLE, aborted
+
+        pipeline, device = _pipeline(self.worker), _device(self.worker)
+        snap = suspend.save(pipeline, device)
+        self.step = ROLE.step - 1
+        t0 = time.perf_counter()
+        with self.cv:
+            self.state = "paused"
+            self.cv.notify_all()
+            while self.state == "paused":
+                self.cv.wait()
+        self.paused_s += time.perf_counter() - t0
+        suspend.bind_device(device)
+        suspend.restore(snap, pipeline, device)
+        if self.drop:
+            logger.info("omni-ext worker %d: job %s was cancelled while paused; it unwinds without resuming",
+                        self.rank, self.job_id)
+            raise aborted("Request cancelled while paused")
+
+    def resume(self, drop: bool = False) -> None:
+        with self.cv:
+            self.drop = drop
+            self.state = "running"
+            self.cv.notify_all()
+
+    def settle(self) -> str:
+        """Wait until the job is done or paused; which one (in the loop's thread)."""
+        with self.cv:
+            while self.state == "running":
+                self.cv.wait(1.0)
+            return self.state
+
+
+def _follow(conn: Any, job: JobThread, paused: dict[str, JobThread]) -> None:
+    """Wait for ``job`` to settle and answer: Paused (kept in ``paused``) or its JobDone."""
+    if job.settle() == "paused":
+        paused[job.job_id] = job
+        protocol.send(conn, protocol.Paused(job.job_id, job.rank, job.step))
+        return
+    job.join()
+    done = job.done
+    if job.drop:  # a paused job cancelled instead of resumed: its frames are gone, give the memory back
+        job.done = None
+        gc.collect()
+        _empty_cache()
+    _answer_job(conn, done)
+
+
+def _pipeline(worker: Any) -> Any:
+    runner = getattr(getattr(worker, "worker", None), "model_runner", None)
+    return getattr(runner, "pipeline", None)
+
+
+def _device(worker: Any) -> Any:
+    return getattr(getattr(worker, "worker", None), "device", None)
+
+
+def _empty_cache() -> None:
+    from vllm_omni.platforms import current_omni_platform
+
+    try:
+        current_omni_platform.empty_cache()
+    except Exception as exc:  # a platform without a caching allocator
+        logger.debug("omni-ext: empty_cache: %s", exc)
+
+
+def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob, thread: JobThread | None = None) -> protocol.JobDone:
     """Run one request in the role the executor gave this rank; an exception becomes an error output.
 
     Peak memory: vLLM-Omni samples ``peak_memory_mb`` on global rank 0 only, so under this executor
     (where every rank runs jobs of its own) any other rank's job reported 0. Each rank resets the
     platform's peak counter before the job and reads it after (device memory on CUDA/NPU; on CPU the
     worker process's resident-set high-water mark, :mod:`omni_ext.platform.memory`).
-    The owner's output then leaves as host memory in shared memory (:func:`_answer_job`)."""
+    The owner's output then leaves as host memory in shared memory (:func:`_answer_job`). Its
+    ``seconds`` leave out the time it spent paused (``thread``)."""
     from vllm_omni.diffusion.data import DiffusionOutput
     from vllm_omni.platforms import current_omni_platform
 
@@ -107,6 +234,7 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> pr
     together = tuple(job.ranks) if pair else units.ranks_of(units.unit_of(rank))
     set_role(job.mode, cfg_rank=units.cfg_rank(rank, job.cfg_size) if pair else 0, cfg_size=job.cfg_size,
              seq=job.seq, ranks=together, sp_rank=units.sp_rank(rank))
+    ROLE.pause_hook = thread.pause if thread is not None else None
     t0 = time.perf_counter()
     _reset_peak(current_omni_platform)
     try:
@@ -119,7 +247,8 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob) -> pr
     set_role(NO_JOB)
     if owner and isinstance(out, DiffusionOutput):
         out.peak_memory_mb = max(float(out.peak_memory_mb or 0.0), _peak_mb(current_omni_platform))
-    return protocol.JobDone(job.job_id, rank, out if owner else None, owner, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0 - (thread.paused_s if thread is not None else 0.0)
+    return protocol.JobDone(job.job_id, rank, out if owner else None, owner, seconds)
 
 
 def _reset_peak(platform: Any) -> None:

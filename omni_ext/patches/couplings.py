@@ -254,6 +254,30 @@ COUPLINGS: tuple[Coupling, ...] = (
         ("vllm_omni.engine.orchestrator:Orchestrator._fail_request_dead_stage", "method", ("req_id", "stage_id")),
     ),
     Coupling(
+        name="vllm_omni.diffusion.forward_context:_forward_context",
+        kind="attribute",
+        why=("Step-level preemption saves vLLM-Omni's forward context (a module global) when a job pauses and "
+             "puts it back when it resumes, after another job ran in between; a rename would leave a resumed "
+             "job with the other job's context."),
+        used_in="omni_ext.executor.suspend",
+    ),
+    *(
+        Coupling(name=name, kind="attribute", used_in="omni_ext.executor.worker",
+                 why=("A paused job's thread finds the pipeline whose per-request state it saves, and the "
+                      "device its new thread must make current, through these (read with getattr: a rename "
+                      "would silently skip the save)."))
+        for name in ("vllm_omni.diffusion.worker.diffusion_worker:DiffusionWorker.model_runner",
+                     "vllm_omni.diffusion.worker.diffusion_worker:DiffusionWorker.device",
+                     "vllm_omni.diffusion.worker.diffusion_model_runner:DiffusionModelRunner.pipeline")
+    ),
+    Coupling(
+        name="vllm_omni.diffusion.data:OmniDiffusionConfig.cache_backend",
+        kind="attribute",
+        why=("The TunedExecutor refuses step-level preemption under a cache backend (its per-request cache is "
+             "not saved at a pause); read with getattr: a rename would silently allow it."),
+        used_in="omni_ext.executor.tuned",
+    ),
+    Coupling(
         name="vllm_omni.diffusion.stage_diffusion_client:StageDiffusionClient._request_socket",
         kind="attribute",
         why="replica-send-nonblocking wraps the head's request socket to a replica so that its sends cannot block.",

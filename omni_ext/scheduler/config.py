@@ -65,6 +65,13 @@ class SchedulerConfig:
     standalone seconds, unless it sets its own ``deadline_s``. 3 is the SLO of vLLM-Omni's RFC #290
     and of the serving papers that report attainment (finished within 3x the standalone time); it
     is what ``order: "slo"`` protects. At least 1: a tighter deadline is missed by every job.
+    ``preempt`` (true): a running job may be paused at a denoise-step boundary so that a waiting one
+    starts now, for a better requested priority or a deadline it would miss otherwise, and resumes
+    later on the same ranks with the same output bytes (the rules: :mod:`omni_ext.scheduler.preempt`;
+    the TunedExecutor with omni-ext's tuned pipelines only, never with a cache backend). An
+    interactive request then waits one step of a long video instead of all of it.
+    ``max_preemptions`` (2): how often one job may be paused, so that nothing starves: a paused job
+    waits for at most one job at a time, so its delay is at most this many runs of other jobs.
     ``seconds_per_unit`` (None): seed of the cost model (seconds per cost unit) before the server
     has measured its own jobs; a preset writes it from its cost table.
     ``retry_margin_s`` (None: 5 % of ``max_wait_s``, at least 0.5 s): added to a Retry-After so
@@ -78,6 +85,8 @@ class SchedulerConfig:
     order: Order = "slo"
     slo_factor: float = 3.0
     settle_s: float = 0.05
+    preempt: bool = True
+    max_preemptions: int = 2
     seconds_per_unit: float | None = None
     retry_margin_s: float | None = None
 
@@ -97,6 +106,10 @@ class SchedulerConfig:
             raise ValueError(f"omni_ext.scheduler.order must be one of {ORDERS}, got {self.order!r}")
         if not self.slo_factor >= 1:
             raise ValueError(f"omni_ext.scheduler.slo_factor must be >= 1, got {self.slo_factor!r}")
+        if not isinstance(self.preempt, bool):
+            raise ValueError(f"omni_ext.scheduler.preempt must be true or false, got {self.preempt!r}")
+        if isinstance(self.max_preemptions, bool) or not isinstance(self.max_preemptions, int) or not 0 <= self.max_preemptions <= 100:
+            raise ValueError(f"omni_ext.scheduler.max_preemptions must be an integer from 0 to 100, got {self.max_preemptions!r}")
         if self.seconds_per_unit is not None and not self.seconds_per_unit > 0:
             raise ValueError(f"omni_ext.scheduler.seconds_per_unit must be > 0, got {self.seconds_per_unit!r}")
 

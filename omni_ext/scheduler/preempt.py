@@ -1,0 +1,124 @@
+"""Step-level preemption: which running job pauses, when, so that a waiting one starts now.
+
+The TunedExecutor can pause a running job at a denoise-step boundary and resume it later on the same
+ranks with byte-identical output (the mechanism: :mod:`omni_ext.executor.role`,
+:mod:`omni_ext.executor.worker`, :mod:`omni_ext.executor.suspend`). This module decides when it is
+worth it; pure (no clock, no threads), called by the executor under its lock whenever the job that
+should start next (the head of :meth:`~omni_ext.scheduler.queue.JobQueue.ordered`) cannot start on
+the free ranks.
+
+Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions_total``):
+
+1. ``priority``: the head's requested priority is better (lower) than a running job's: that job
+   pauses and the head starts within one step of it. Of several such jobs, the one of the worst
+   priority, then the one with the most time left. Requested priority, not aged: aging orders the
+   queue, it never pauses a running job of the same class.
+2. ``deadline``: the head would miss its deadline waiting for the first running job it fits after
+   (``now + wait + predicted > deadline``), could still meet it if it started now, and a running job
+   of the same or worse priority has the slack to wait for it (it still meets its own deadline
+   after the head's predicted run) and holds its ranks for at least :data:`MIN_GAIN` times the
+   head's predicted time: the one with the most slack pauses. The last condition is what a pause
+   buys: a short job out from behind a long one. Between jobs of similar length (a burst of one
+   shape) a pause would only swap who waits, at the cost of a pause, so it is not made.
+
+A victim must free ranks on which the head can start (placement's rules,
+:func:`~omni_ext.scheduler.placement.next_placements`, on the free ranks plus the victim's).
+
+**Nothing starves.** A job is paused at most ``max_preemptions`` times (option, default 2); the job
+that runs while another is paused on its ranks cannot be paused itself (the executor marks it not
+``preemptible``), so a paused job waits for at most one job at a time and resumes before anything
+else starts on its ranks. Its total delay is thus at most ``max_preemptions`` runs of other jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from omni_ext.scheduler.config import CfgMode
+from omni_ext.scheduler.placement import JobNeeds, Layout, next_placements
+
+#: The reasons a job is preempted (``omni_ext:preemptions_total{reason}``).
+REASONS: tuple[str, ...] = ("priority", "deadline")
+
+#: A deadline preemption pauses only a job with at least this many times the waiting job's predicted
+#: seconds left (rule 2 in the module docstring).
+MIN_GAIN = 2.0
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running job as preemption sees it. ``units``: the placement units it holds; ``remaining_s``:
+    predicted seconds left (None: unknown); ``deadline``: its deadline in the caller's clock (None:
+    none); ``preemptions``: times it was paused so far; ``preemptible``: whether the mechanism may
+    pause it now (not a warm-up, not already pausing, no job paused under it, pausing supported)."""
+
+    id: str
+    priority: int
+    units: tuple[int, ...]
+    remaining_s: float | None = None
+    deadline: float | None = None
+    preemptions: int = 0
+    preemptible: bool = True
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The queued job that should start next: its placement needs, requested priority, predicted
+    seconds and deadline (caller's clock; None: none)."""
+
+    id: str
+    needs: JobNeeds
+    priority: int = 0
+    predicted_s: float | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Pause ``victim`` so that ``for_job`` starts; ``reason`` is one of :data:`REASONS`; ``detail``
+    says why in words (the executor's log line)."""
+
+    victim: str
+    for_job: str
+    reason: str
+    detail: str
+
+
+def _fits(head: Waiting, free: Iterable[int], layout: Layout, cfg_mode: CfgMode, now: float) -> bool:
+    return bool(next_placements([head], set(free), layout, cfg_mode=cfg_mode, now=now, settle_s=0.0))
+
+
+def choose(head: Waiting, running: Sequence[Running], free_units: Iterable[int], layout: Layout, *,
+           now: float, cfg_mode: CfgMode = CfgMode.PAIR, max_preemptions: int = 2) -> Preemption | None:
+    """The preemption to make now for ``head`` (see the module docstring), or None."""
+    free = set(free_units)
+    if _fits(head, free, layout, cfg_mode, now):
+        return None  # it starts without anyone pausing
+    fitting = [r for r in running if _fits(head, free | set(r.units), layout, cfg_mode, now)]
+    allowed = [r for r in fitting if r.preemptible and r.preemptions < max_preemptions]
+
+    def left(r: Running) -> float:
+        return math.inf if r.remaining_s is None else r.remaining_s
+
+    worse = [r for r in allowed if r.priority > head.priority]
+    if worse:
+        victim = max(worse, key=lambda r: (r.priority, left(r), r.id))
+        return Preemption(victim.id, head.id, "priority",
+                          f"priority {head.priority} waits behind priority {victim.priority}")
+    if head.deadline is None or head.predicted_s is None:
+        return None
+    wait = min((left(r) for r in fitting), default=math.inf)
+    if now + wait + head.predicted_s <= head.deadline or now + head.predicted_s > head.deadline:
+        return None  # it meets its deadline by waiting, or misses it anyway
+    slack = {r.id: r.deadline - (now + r.remaining_s + head.predicted_s) for r in allowed
+             if r.priority >= head.priority and r.deadline is not None and r.remaining_s is not None
+             and r.remaining_s >= MIN_GAIN * head.predicted_s}
+    slack = {k: v for k, v in slack.items() if v >= 0}
+    if not slack:
+        return None
+    victim_id = max(slack, key=lambda k: (slack[k], k))
+    return Preemption(victim_id, head.id, "deadline",
+                      f"it would miss its deadline by {now + wait + head.predicted_s - head.deadline:.1f} s waiting; "
+                      f"the paused job keeps {slack[victim_id]:.1f} s of slack")

@@ -1,0 +1,320 @@
+"""Step-level preemption without a server: the decision (``omni_ext.scheduler.preempt``), the pause
+agreement on the shared board (``omni_ext.executor.role``), a job paused in its worker thread while
+another runs and resumed with the same bytes (``omni_ext.executor.worker`` and ``suspend``, with
+vLLM-Omni's own multistep scheduler and torch's global RNG), and the executor's queue mechanism (its
+pipes replaced by a list). The same on real servers: ``tests/test_preemption.py``."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from omni_ext.scheduler.config import CfgMode, SchedulerConfig
+from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout
+from omni_ext.scheduler.preempt import Running, Waiting, choose
+
+CFG2 = Layout.regular(1, 2)  # one CFG group [0, 1]
+DP2 = Layout.regular(2, 1)  # two groups of one rank [0], [1]
+
+
+# ---- the decision -----------------------------------------------------------------------------
+def test_an_interactive_request_preempts_the_worst_priority_longest_job() -> None:
+    head = Waiting("i", JobNeeds(JobMode.SINGLE), priority=-1, predicted_s=2.0)
+    running = [Running("a", 0, (0,), remaining_s=30.0), Running("b", 0, (1,), remaining_s=60.0)]
+    got = choose(head, running, [], DP2, now=0.0)
+    assert (got.victim, got.for_job, got.reason) == ("b", "i", "priority")
+    running.append(Running("c", 1, (1,), remaining_s=5.0))  # a worse priority goes first, whatever is left
+    assert choose(head, running[:1] + running[2:], [], DP2, now=0.0).victim == "c"
+
+
+def test_no_preemption_when_the_job_can_start_or_nobody_may_be_paused() -> None:
+    head = Waiting("i", JobNeeds(JobMode.SINGLE), priority=-1)
+    running = [Running("a", 0, (0,), remaining_s=30.0)]
+    assert choose(head, running, [1], DP2, now=0.0) is None  # a free rank: it starts there
+    assert choose(head, [Running("a", -1, (0,)), Running("b", 0, (1,), preemptible=False)], [], DP2, now=0.0) is None
+    # the bound: a job paused max_preemptions times runs to its end
+    assert choose(head, [Running("a", 0, (0,), preemptions=2), Running("b", 0, (1,), preemptions=2)], [], DP2,
+                  now=0.0, max_preemptions=2) is None
+    assert choose(head, [Running("a", 0, (0,), preemptions=1)], [], Layout.regular(1, 1), now=0.0,
+                  max_preemptions=2).victim == "a"
+    same = Waiting("s", JobNeeds(JobMode.SINGLE), priority=0)
+    assert choose(same, running, [], Layout.regular(1, 1), now=0.0) is None  # same priority, no deadline: waits
+
+
+def test_the_victim_must_free_ranks_the_waiting_job_can_use() -> None:
+    pair = Waiting("p", JobNeeds(JobMode.PAIR), priority=-1)
+    singles = [Running("a", 0, (0,), remaining_s=9.0), Running("b", 0, (1,), remaining_s=9.0)]
+    # cfg_mode "pair": a CFG job needs the whole group, which no single victim frees
+    assert choose(pair, singles, [], CFG2, now=0.0, cfg_mode=CfgMode.PAIR) is None
+    # "adaptive": it runs on one rank when only one is free
+    assert choose(pair, singles, [], CFG2, now=0.0, cfg_mode=CfgMode.ADAPTIVE).victim in ("a", "b")
+    assert choose(pair, [Running("g", 0, (0, 1))], [], CFG2, now=0.0, cfg_mode=CfgMode.PAIR).victim == "g"
+
+
+def test_a_job_about_to_miss_its_deadline_preempts_one_with_slack() -> None:
+    one = Layout.regular(1, 1)
+    head = Waiting("s", JobNeeds(JobMode.SINGLE), priority=0, predicted_s=2.0, deadline=6.0)
+    long_ = Running("l", 0, (0,), remaining_s=20.0, deadline=100.0)
+    got = choose(head, [long_], [], one, now=0.0)
+    assert (got.victim, got.reason) == ("l", "deadline") and "slack" in got.detail
+    # it meets its deadline by waiting: no pause
+    assert choose(head, [Running("l", 0, (0,), remaining_s=3.0, deadline=100.0)], [], one, now=0.0) is None
+    # the running job has no slack for it: no pause
+    assert choose(head, [Running("l", 0, (0,), remaining_s=20.0, deadline=21.0)], [], one, now=0.0) is None
+    # it misses its deadline even if it started now: no pause
+    assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 8.0, 6.0), [long_], [], one, now=0.0) is None
+    # not between jobs of similar length: a pause would only swap who waits
+    assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 4.0, 9.0),
+                  [Running("l", 0, (0,), remaining_s=7.0, deadline=100.0)], [], one, now=0.0) is None
+    # never for a job of a better priority
+    assert choose(head, [Running("l", -1, (0,), remaining_s=20.0, deadline=100.0)], [], one, now=0.0) is None
+    # the most slack pays
+    two = [Running("a", 0, (0,), remaining_s=20.0, deadline=40.0), Running("b", 0, (1,), remaining_s=20.0, deadline=90.0)]
+    assert choose(head, two, [], DP2, now=0.0).victim == "b"
+
+
+def test_scheduler_options_for_preemption() -> None:
+    assert SchedulerConfig().preempt is True and SchedulerConfig().max_preemptions == 2
+    with pytest.raises(ValueError, match="max_preemptions"):
+        SchedulerConfig(max_preemptions=-1)
+    with pytest.raises(ValueError, match="preempt"):
+        SchedulerConfig(preempt="yes")
+
+
+# ---- the pause agreement -------------------------------------------------------------------------
+def _board(world: int):
+    from omni_ext.executor.role import new_board
+
+    return new_board(multiprocessing.get_context("spawn"), world)
+
+
+def test_the_processes_of_a_job_pause_at_the_same_step_and_may_pause_again() -> None:
+    """Two processes of a pair, simulated in turn: the one ahead sees the pause token and sets the step
+    after the furthest step the other published; each pause of a job is agreed afresh."""
+    from omni_ext.executor import role
+    from omni_ext.executor.role import PAUSE, PAUSED, ROLE, RUN, boundary, pause_token, set_role
+
+    board = _board(2)
+    roles = {}
+    for r in (0, 1):
+        ROLE.rank, ROLE.cancel_slots = r, board
+        set_role(JobMode.PAIR, cfg_rank=r, cfg_size=2, seq=7)
+        roles[r] = dict(vars(ROLE))
+
+    def at(rank: int) -> str:
+        vars(ROLE).update(roles[rank])
+        got = boundary()
+        if got == PAUSED:
+            ROLE.pauses += 1  # role.pause_here without a hook
+        roles[rank] = dict(vars(ROLE))
+        return got
+
+    assert [at(0), at(1), at(0), at(1), at(0)] == [RUN] * 5  # rank 0 is about to start step 3, rank 1 step 2
+    board[PAUSE * 2 + 0] = board[PAUSE * 2 + 1] = pause_token(7, 1)
+    assert at(1) == RUN  # rank 1 at step 2 sees rank 0 published step 2: the pause is at step 3
+    assert at(1) == PAUSED and at(0) == PAUSED  # both before step 3
+    assert [at(0), at(1)] == [RUN, RUN]  # the same token never pauses again
+    board[PAUSE * 2 + 0] = board[PAUSE * 2 + 1] = pause_token(7, 2)
+    assert [at(0), at(1)] == [PAUSED, PAUSED]  # the second pause, both before step 5
+    assert roles[0]["pauses"] == roles[1]["pauses"] == 2
+    role.set_role(role.NO_JOB)
+
+
+# ---- a job paused in its worker thread while another runs ---------------------------------------------
+class _Pipeline:
+    """A denoise loop like Wan's: vLLM-Omni's multistep UniPC scheduler on the pipeline, per-request
+    attributes on it, noise from torch's global RNG each step, a step boundary before each step."""
+
+    def __init__(self) -> None:
+        from vllm_omni.diffusion.models.schedulers import FlowUniPCMultistepScheduler
+
+        self.scheduler = FlowUniPCMultistepScheduler()
+        self._guidance_scale = None
+        self.on_step = None
+
+    def run(self, req) -> "object":
+        import torch
+        from vllm_omni.diffusion.data import DiffusionOutput
+
+        from omni_ext.executor.role import aborted, stop_now
+
+        torch.manual_seed(req.seed)
+        self._guidance_scale = req.guidance
+        self.scheduler.set_timesteps(req.steps, device="cpu")
+        x = torch.randn(1, 4, 8, 8)
+        for i, t in enumerate(self.scheduler.timesteps):
+            if self.on_step is not None:
+                self.on_step(i)
+            if stop_now():
+                raise aborted()
+            noise = torch.randn_like(x) * self._guidance_scale
+            x = self.scheduler.step(torch.tanh(x) + noise, t, x, return_dict=False)[0]
+        return DiffusionOutput(output=x)
+
+
+class _Worker:
+    """vLLM-Omni's WorkerWrapperBase as the job thread sees it: ``.worker.model_runner.pipeline``,
+    ``.worker.device``, ``execute_model``."""
+
+    def __init__(self) -> None:
+        self.pipeline = _Pipeline()
+        self.worker = SimpleNamespace(model_runner=SimpleNamespace(pipeline=self.pipeline), device=None)
+
+    def execute_model(self, req, od_config):
+        from vllm_omni.diffusion.data import DiffusionRequestAbortedError, DiffusionOutput
+
+        try:
+            return self.pipeline.run(req)
+        except DiffusionRequestAbortedError as exc:
+            return DiffusionOutput(aborted=True, abort_message=str(exc))
+
+
+def _job(seq: int, **req) -> "object":
+    from omni_ext.executor import protocol
+
+    return protocol.RunJob(f"omx-{seq}", SimpleNamespace(**req), JobMode.SINGLE, 1, seq, (0,), 1)
+
+
+def test_a_paused_job_resumes_with_the_bytes_of_an_uninterrupted_run() -> None:
+    import torch
+
+    from omni_ext.executor.role import PAUSE, ROLE, pause_token
+    from omni_ext.executor.worker import JobThread
+
+    board = _board(1)
+    ROLE.rank, ROLE.cancel_slots = 0, board
+    worker = _Worker()
+    long_req, short_req = dict(seed=1, guidance=0.5, steps=8), dict(seed=2, guidance=0.9, steps=5)
+
+    def run(seq: int, req: dict):
+        job = JobThread(worker, None, 0, _job(seq, **req))
+        job.start()
+        assert job.settle() == "done"
+        job.join()
+        return job.done.out.output
+
+    alone_long, alone_short = run(1, long_req), run(2, short_req)
+
+    def ask_pause(i: int) -> None:  # the executor asks just before step 2's boundary: it pauses there
+        if i == 2 and ROLE.seq == 3:
+            board[PAUSE + 0] = pause_token(3, 1)
+
+    worker.pipeline.on_step = ask_pause
+    paused = JobThread(worker, None, 0, _job(3, **long_req))
+    paused.start()
+    assert paused.settle() == "paused" and paused.step == 2
+    between = run(4, short_req)  # another job runs on the same pipeline and scheduler meanwhile
+    paused.resume()
+    assert paused.settle() == "done"
+    paused.join()
+    assert torch.equal(paused.done.out.output, alone_long)  # the same bytes
+    assert torch.equal(between, alone_short)
+    assert paused.paused_s > 0 and paused.done.seconds >= 0
+
+    # cancelled while paused: it unwinds (aborted) instead of resuming
+    worker.pipeline.on_step = lambda i: board.__setitem__(PAUSE, pause_token(5, 1)) if i == 1 and ROLE.seq == 5 else None
+    dropped = JobThread(worker, None, 0, _job(5, **long_req))
+    dropped.start()
+    assert dropped.settle() == "paused"
+    dropped.resume(drop=True)
+    assert dropped.settle() == "done"
+    dropped.join()
+    assert dropped.done.out.aborted and "paused" in dropped.done.out.abort_message
+    worker.pipeline.on_step = None
+    assert torch.equal(run(6, long_req), alone_long)
+
+
+# ---- the executor's queue: pause, the waiting job on the freed ranks, resume, cancel ----------------------
+def test_the_executor_pauses_a_long_job_for_an_interactive_one_and_resumes_it(tmp_path, monkeypatch) -> None:
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext import progress
+    from omni_ext.executor import protocol
+    from omni_ext.executor.role import PAUSE, pause_token
+    from tests.helpers import rank_queue, wan_request
+
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    ex = rank_queue(settle_s=0.0, cfg_mode="pair")
+    long_ = ex.submit("video_l-0000000l", wan_request())
+    assert [m.job_id for _, m in ex.sent] == [long_.job_id, long_.job_id] and long_.ranks == (0, 1)
+    progress.write_progress([long_.request_id], 3, 10, time.time())
+    urgent = ex.submit("video_u-0000000u", wan_request(priority="-1"))
+    token = pause_token(long_.seq, 1)
+    assert [ex.cancel_slots[PAUSE * 2 + r] for r in (0, 1)] == [token, token]  # asked through the board
+    assert not urgent.ranks and long_.pausing_for == urgent.job_id
+    ex.on_paused(0, protocol.Paused(long_.job_id, 0, 4))
+    assert not urgent.ranks  # a pair pauses whole
+    ex.on_paused(1, protocol.Paused(long_.job_id, 1, 4))
+    assert urgent.ranks == (0, 1) and long_.is_paused  # the interactive job runs on the freed ranks
+    assert progress.read_progress("video_l").mode == progress.PAUSED
+    assert progress.read_preemptions(tmp_path) == ({"priority": 1, "deadline": 0}, 1)
+    other = ex.submit("video_o-0000000o", wan_request(priority="-2"))  # not while a job is paused under it
+    assert urgent.pausing_for is None and not other.ranks  # the job that runs over a paused one is not paused
+    for r in (0, 1):
+        ex.answer(r, protocol.JobDone(urgent.job_id, r, DiffusionOutput() if r == 1 else None, r == 1, 1.0))
+    # its ranks are free: the paused job resumes there before the queued one
+    resumed = [(r, m) for r, m in ex.sent if isinstance(m, protocol.ResumeJob)]
+    assert resumed == [(0, protocol.ResumeJob(long_.job_id)), (1, protocol.ResumeJob(long_.job_id))]
+    assert not long_.is_paused and progress.read_progress("video_l").mode is None
+    assert not other.ranks
+    # ... and is asked at once to pause again for the better priority (its second pause of at most 2),
+    # then cancelled while paused
+    assert [ex.cancel_slots[PAUSE * 2 + r] for r in (0, 1)] == [pause_token(long_.seq, 2)] * 2
+    for r in (0, 1):
+        ex.on_paused(r, protocol.Paused(long_.job_id, r, 6))
+    assert other.ranks == (0, 1) and long_.pauses == 2
+    ex.abort([long_.request_id])
+    drops = [(r, m) for r, m in ex.sent if isinstance(m, protocol.ResumeJob) and m.drop]
+    assert drops == [(0, protocol.ResumeJob(long_.job_id, True)), (1, protocol.ResumeJob(long_.job_id, True))]
+    for r in (0, 1):
+        ex.answer(r, protocol.JobDone(other.job_id, r, DiffusionOutput() if r == 1 else None, r == 1, 1.0))
+    for r in (0, 1):
+        ex.answer(r, protocol.JobDone(long_.job_id, r, DiffusionOutput(aborted=True) if r == 1 else None, r == 1, 1.0))
+    assert long_.future.result(timeout=1).aborted and not ex.jobs
+    assert progress.read_preemptions(tmp_path) == ({"priority": 2, "deadline": 0}, 0)
+    kinds = [e["kind"] for e in progress.read_placements()[0] if e["request_id"] == long_.request_id]
+    assert kinds == ["start", "preempt", "paused", "resumed", "preempt", "paused", "done"], kinds
+
+
+def test_no_preemption_where_the_executor_cannot_pause_exactly() -> None:
+    from tests.helpers import rank_queue, wan_request
+
+    ex = rank_queue(settle_s=0.0, cfg_mode="pair", preempt=False)
+    long_ = ex.submit("video_l-0000000l", wan_request())
+    ex.submit("video_u-0000000u", wan_request(priority="-1"))
+    assert long_.pausing_for is None and not any(ex.cancel_slots)
+
+
+def test_a_paused_job_says_paused_in_its_progress_detail(tmp_path, monkeypatch) -> None:
+    """``GET /v1/videos/{id}`` of a job the executor paused: ``status`` stays ``in_progress``,
+    ``progress_detail.state`` is ``paused`` (from the executor's mark in the job's progress file)."""
+    from omni_ext import progress
+    from omni_ext.api.intake import ModelLimits
+    from omni_ext.progress import StepProgress
+    from tests.helpers import serve_in_process
+
+    (tmp_path / "progress").mkdir()
+    monkeypatch.setenv(progress.ENV, str(tmp_path / "progress"))
+    body = {"prompt": "a fox", "size": "64x64", "num_frames": 9, "num_inference_steps": 10, "guidance_scale": 4.0}
+    with serve_in_process(tmp_path, ModelLimits("WanPipeline", 16, 1, True)) as (client, _, files, _, _):
+        job = client.post("/v1/videos", json=body).json()
+        assert job["status"] == "queued"
+        assert client.get(f"/v1/videos/{job['id']}").json()["progress_detail"] == {"state": "queued"}
+        engine_id, t = f"{job['id']}-0000abcd", time.time()
+        files[job["id"]] = StepProgress(3, 10, t, t)  # the API's account sees it run
+        progress.write_progress([engine_id], 3, 10, t - 1.0)  # the lead rank's step report
+        seen = client.get(f"/v1/videos/{job['id']}").json()
+        assert seen["status"] == "in_progress"
+        assert seen["progress_detail"] == {"state": "running", "steps_done": 3, "steps_total": 10}
+        progress.mark_paused([engine_id], True)
+        seen = client.get(f"/v1/videos/{job['id']}").json()
+        assert seen["status"] == "in_progress" and seen["progress_detail"]["state"] == "paused"
+        listed = client.get("/v1/videos").json()["data"]
+        assert [v["progress_detail"]["state"] for v in listed if v["id"] == job["id"]] == ["paused"]
+        progress.mark_paused([engine_id], False)
+        after = progress.read_progress(job["id"])
+        assert after.mode is None and after.done == 3 and after.t_start > t - 1.0  # the paused time is left out
+        assert client.get(f"/v1/videos/{job['id']}").json()["progress_detail"]["state"] == "running"
