@@ -104,6 +104,7 @@ def measure(model: Path, height: int, width: int, frames: int, steps: int, reps:
         "speedup": one[len(one) // 2] / two[len(two) // 2],
     }
 
+
 # ---- CFG x Ulysses: vLLM-Omni's own worker in bare processes ----------------------------------------
 #: Marks a child's answer on stdout (vLLM-Omni may print other lines there).
 MARK = "OMNI_EXT_CEILING "
