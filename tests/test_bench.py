@@ -423,3 +423,75 @@ def test_json_is_required_without_dry_run() -> None:
     args = parse("adaptive")
     with pytest.raises(SystemExit):
         args.func(args)
+
+
+# ---- cfg-parallel --sp ---------------------------------------------------------------------------
+def test_cfg_parallel_sp_options() -> None:
+    args = parse("cfg-parallel", "--json", "x.json", "--sp", "2", "--reps", "3")
+    assert (args.sp, args.reps, args.ceiling_reps, args.max_load, args.quiet_wait) == (2, 3, 3, 1.0, 600.0)
+    assert parse("cfg-parallel", "--json", "x.json").sp == 1  # the one-device benchmark stays the default
+    for bad in ("0", "-2", "x"):
+        with pytest.raises(SystemExit):
+            parse("cfg-parallel", "--json", "x.json", "--sp", bad)
+
+
+def test_cfg_parallel_sp_servers_share_one_layout_and_differ_only_in_the_executor() -> None:
+    from omni_ext.bench.runner import TUNED, sp_layout, sp_server_specs
+
+    flags, env = sp_layout(2)
+    assert env == {"OMNI_EXT_CPU_VISIBLE_DEVICES": "0,1,2,3", "OMP_NUM_THREADS": "1"}
+    assert flags[:4] == ["--cfg-parallel-size", "2", "--ulysses-degree", "2"]
+    specs = sp_server_specs(2)
+    assert specs["tuned_sp"] == [*specs["stock_sp"], "--distributed-executor-backend", TUNED]
+    c.refuse_omni_ext_in_stock("stock_sp", specs["stock_sp"])  # really vLLM-Omni's executor
+    assert sp_layout(4)[1]["OMNI_EXT_CPU_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+
+
+def _sp_runs(stock: list[float], tuned: list[float], stock_loop: float | None, tuned_loop: float | None) -> dict:
+    def run(lat: float, loop: float | None) -> dict:
+        return {"latency_s": lat, "stages": {"Wan22Pipeline.diffuse": loop} if loop else {"x.vae.decode": 0.1}}
+
+    return {"stock_sp": [run(x, stock_loop) for x in stock], "tuned_sp": [run(x, tuned_loop) for x in tuned]}
+
+
+def test_cfg_parallel_sp_ratios_and_goals() -> None:
+    from omni_ext.bench.ceiling import sp_ceiling_result
+    from omni_ext.bench.runner import diffuse_s, sp_summary, sp_table
+
+    ceiling = sp_ceiling_result([8.0, 7.0, 9.0], [4.2, 3.8, 4.0], 2, 25, [1, 16, 5, 10, 10])
+    assert ceiling["speedup"] == 2.0 and ceiling["layout"] == {"cfg": 2, "ulysses": 2, "processes": 4}
+    assert "predict_noise_maybe_with_cfg" in ceiling["what"] and "4 bare processes" in ceiling["what"]
+    s = sp_summary(_sp_runs([6.0, 6.6, 6.3], [6.0, 5.7, 5.8], 4.4, 4.1), ceiling, True)
+    assert s["median_latency_s"] == {"stock_sp": 6.3, "tuned_sp": 5.8}
+    assert s["figures"]["tuned_vs_stock"]["value"] == pytest.approx(6.3 / 5.8)
+    assert s["figures"]["tuned_vs_stock"]["pass"] is True
+    assert s["figures"]["tuned_vs_ceiling"]["value"] == pytest.approx(4.0 / 4.1)  # 0.976 >= 0.95
+    assert s["figures"]["tuned_vs_ceiling"]["pass"] is True
+    assert s["stock_vs_ceiling"] == pytest.approx(4.0 / 4.4)
+    assert s["sp_speedup_over_one_process_loop"]["tuned"] == pytest.approx(8.0 / 4.1)
+    assert s["per_rep_tuned_vs_stock"] == pytest.approx([1.0, 6.6 / 5.7, 6.3 / 5.8])
+    slow = sp_summary(_sp_runs([6.0], [6.5], 4.4, 4.5), ceiling, True)["figures"]
+    assert slow["tuned_vs_stock"]["pass"] is False and slow["tuned_vs_ceiling"]["pass"] is False  # 0.889
+    # no profiler stages / no ceiling: the figure has no value, so no verdict
+    none = sp_summary(_sp_runs([6.0], [6.0], None, None), None, False)["figures"]
+    assert none["tuned_vs_ceiling"]["value"] is None and none["tuned_vs_ceiling"]["pass"] is None
+    assert none["tuned_vs_stock"]["measurement"] is False
+    assert diffuse_s({"WanPipeline.diffuse": 2.5, "WanPipeline.vae.decode": 0.3}) == 2.5 and diffuse_s({}) is None
+    table = sp_table({"figures": s["figures"], "median_latency_s": s["median_latency_s"], "median_diffuse_s": s["median_diffuse_s"],
+                      "stock_vs_ceiling": s["stock_vs_ceiling"], "host_ceiling": ceiling, "measurement": False,
+                      "host": BUSY})
+    assert "tuned_vs_ceiling" in table and "PASS" in table and "NOT A MEASUREMENT" in table
+
+
+def test_wait_for_quiet_polls_until_the_load_falls_or_the_time_is_up() -> None:
+    loads, now, slept = [3.0, 2.0, 0.8], [0.0], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    got = c.wait_for_quiet(1.0, 100.0, poll_s=10.0, load=lambda: loads.pop(0), clock=lambda: now[0], sleep=sleep)
+    assert got == {"quiet": True, "waited_s": 20.0, "load1": 0.8, "max_load": 1.0} and slept == [10.0, 10.0]
+    got = c.wait_for_quiet(1.0, 25.0, poll_s=10.0, load=lambda: 5.0, clock=lambda: now[0], sleep=sleep)
+    assert got["quiet"] is False and got["waited_s"] == 30.0  # gave up at the first poll past 25 s
+    assert c.wait_for_quiet(1.0, 0.0, load=lambda: 0.1)["quiet"] is True

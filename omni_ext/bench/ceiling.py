@@ -5,6 +5,15 @@ thread per process: one process doing both guidance branches per step, then two 
 branch each plus a gloo all-gather of the prediction per step (exactly the CFG-parallel exchange).
 The ratio is what two cores of this host give at best; ``omni-ext bench cfg-parallel`` writes it
 beside the end-to-end figures so a shortfall can be told apart from serving overhead.
+
+:func:`measure_sp` is the ceiling of ``cfg-parallel --sp N`` (CFG 2 x Ulysses N): vLLM-Omni's own
+diffusion worker (``DiffusionWorker``: its gloo groups, its Wan transformer with the Ulysses SP
+hooks, omni-ext's plugin and patches as in a server's worker) built in 2N bare processes, and the
+pipeline's own ``predict_noise_maybe_with_cfg`` timed in a loop: per step each CFG rank runs its
+branch with the sequence split over its Ulysses group (all-to-alls in attention), then the CFG
+all-gather and the guidance combine. The same worker in one process (sequential CFG, full sequence)
+is the one-device loop. No server, no scheduler, no request path: the processes stay up and wait on
+stdin between timed loops, so one start serves every repetition.
 """
 
 from __future__ import annotations
@@ -95,6 +104,157 @@ def measure(model: Path, height: int, width: int, frames: int, steps: int, reps:
         "speedup": one[len(one) // 2] / two[len(two) // 2],
     }
 
+
+# ---- CFG x Ulysses: vLLM-Omni's own worker in bare processes ----------------------------------------
+#: Marks a child's answer on stdout (vLLM-Omni may print other lines there).
+MARK = "OMNI_EXT_CEILING "
+
+
+def sp_env(world: int) -> dict[str, str]:
+    """The environment of a ``world``-process CFG x SP worker: as the benchmark's servers have it."""
+    return {"OMNI_EXT_CPU_VISIBLE_DEVICES": ",".join(str(i) for i in range(world)), "OMP_NUM_THREADS": "1"}
+
+
+def _sp_worker(model: str, rank: int, world: int, cfg: int, ulysses: int, port: int, steps: int, lat: list[int]) -> None:
+    import torch
+    import torch.distributed as dist
+    from vllm_omni.diffusion.data import DiffusionParallelConfig, OmniDiffusionConfig
+    from vllm_omni.diffusion.forward_context import set_forward_context
+    from vllm_omni.diffusion.worker.diffusion_worker import DiffusionWorker
+    from vllm_omni.plugins import load_omni_general_plugins
+
+    load_omni_general_plugins()  # omni-ext's plugin and patches, as vLLM-Omni's worker_main does
+    torch.set_num_threads(1)
+    od = OmniDiffusionConfig.from_kwargs(
+        model=model, dtype=torch.float32, enforce_eager=True, num_gpus=world,
+        parallel_config=DiffusionParallelConfig(cfg_parallel_size=cfg, ulysses_degree=ulysses))
+    od.enrich_config()
+    od.master_port = port  # every rank the parent's port (each would settle its own otherwise)
+    worker = DiffusionWorker(local_rank=rank, rank=rank, od_config=od)
+    pipe = worker.model_runner.pipeline
+    tf = pipe.transformer
+    torch.manual_seed(0)
+    x = torch.randn(*lat)
+    pos, neg = torch.randn(1, 512, tf.config.text_dim), torch.randn(1, 512, tf.config.text_dim)
+    t = torch.tensor([500.0])
+
+    def step() -> torch.Tensor:
+        kw = {"hidden_states": x, "timestep": t, "attention_kwargs": None, "return_dict": False, "current_model": tf}
+        return pipe.predict_noise_maybe_with_cfg(
+            do_true_cfg=True, true_cfg_scale=4.0, positive_kwargs={**kw, "encoder_hidden_states": pos},
+            negative_kwargs={**kw, "encoder_hidden_states": neg}, cfg_normalize=False)
+
+    def loop(n: int) -> float:
+        with torch.no_grad(), set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od):
+            if world > 1:
+                dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                step()
+            return time.perf_counter() - t0
+
+    loop(1)  # first-call costs
+    print(MARK + json.dumps({"ready": True, "rank": rank}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        print(MARK + json.dumps({"seconds": loop(steps)}), flush=True)
+    worker.shutdown()
+
+
+class _Group:
+    """``world`` worker processes of one layout, kept up between timed loops."""
+
+    def __init__(self, model: Path, world: int, cfg: int, ulysses: int, steps: int, lat: list[int], log_dir: Path) -> None:
+        from omni_ext.server_process import free_port
+
+        port = free_port()
+        env = {**os.environ, **sp_env(world)}
+        self.procs = []
+        for rank in range(world):
+            arg = json.dumps([str(model), rank, world, cfg, ulysses, port, steps, lat])
+            log = open(log_dir / f"ceiling-cfg{cfg}-sp{ulysses}-rank{rank}.log", "w")
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "omni_ext.bench.ceiling", "--sp-worker", arg],
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True))
+        for p in self.procs:
+            self._answer(p)
+
+    @staticmethod
+    def _answer(p: subprocess.Popen) -> dict:
+        for line in p.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        raise RuntimeError(f"ceiling worker {p.pid} ended (exit {p.wait()}) without answering; see its log")
+
+    def run(self) -> float:
+        for p in self.procs:
+            p.stdin.write("run\n")
+            p.stdin.flush()
+        return max(self._answer(p)["seconds"] for p in self.procs)
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def measure_sp(model: Path, height: int, width: int, frames: int, steps: int, ulysses: int, log_dir: Path,
+               reps: int = 3, progress=None) -> dict:
+    """CFG 2 x Ulysses ``ulysses`` in 2 x ``ulysses`` bare processes vs the same worker in one process,
+    ``reps`` alternating timed loops of ``steps`` steps each; the medians and their ratio."""
+    lat = [1, 16, 1 + (frames - 1) // 4, height // 8, width // 8]
+    world = 2 * ulysses
+    groups: dict[str, _Group] = {}
+    try:
+        groups["one"] = _Group(model, 1, 1, 1, steps, lat, log_dir)
+        groups["parallel"] = _Group(model, world, 2, ulysses, steps, lat, log_dir)
+        times: dict[str, list[float]] = {"one": [], "parallel": []}
+        for i in range(reps):
+            for name in (("one", "parallel") if i % 2 == 0 else ("parallel", "one")):
+                times[name].append(groups[name].run())
+                if progress is not None:
+                    progress.advance(note=f"ceiling rep {i}: {name} {times[name][-1]:.2f} s")
+    finally:
+        for g in groups.values():
+            g.close()
+    return sp_ceiling_result(times["one"], times["parallel"], ulysses, steps, lat)
+
+
+def sp_ceiling_result(one_s: list[float], parallel_s: list[float], ulysses: int, steps: int, lat: list[int]) -> dict:
+    """The JSON of :func:`measure_sp` from its timings (pure)."""
+    from omni_ext.bench.common import median, ratio
+
+    world = 2 * ulysses
+    return {
+        "what": f"transformer loop only, no server: vLLM-Omni's own DiffusionWorker (its gloo groups, its Wan "
+                f"transformer with the Ulysses SP hooks, omni-ext's plugin and patches) in {world} bare processes "
+                f"(CFG 2 x Ulysses {ulysses}, one thread each), timing {steps} calls of the pipeline's "
+                "predict_noise_maybe_with_cfg (each CFG rank its branch with the sequence split over its Ulysses "
+                "group, then the CFG all-gather and the guidance combine); vs the same worker in 1 process "
+                "(both branches, full sequence). Random latents and text embeddings of the request's shape; no "
+                "text encoding, scheduler step, VAE, request path or HTTP.",
+        "layout": {"cfg": 2, "ulysses": ulysses, "processes": world},
+        "latent_shape": lat,
+        "steps": steps,
+        "one_process_s": sorted(one_s),
+        "parallel_processes_s": sorted(parallel_s),
+        "one_process_median_s": median(one_s),
+        "parallel_median_s": median(parallel_s),
+        "speedup": ratio(median(one_s), median(parallel_s)),
+    }
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--sp-worker":
+        _sp_worker(*json.loads(sys.argv[2]))
+        sys.exit(0)
     model, mode, rank, port, steps, lat = json.loads(sys.argv[1])
     print(json.dumps(_child(model, mode, rank, port, steps, lat)))

@@ -34,6 +34,13 @@ def _scheduler_common(p: argparse.ArgumentParser, frames_type=int) -> None:
                    help="above this 1-minute load before starting, the figures are recorded as not measurements")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def _cfg(args) -> int:
     from omni_ext.bench.runner import main_cfg_parallel
 
@@ -80,11 +87,18 @@ def _module_command(bsub, name: str, module: str, help: str, description: str) -
 def add_subcommands(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks on real servers (TunedExecutor vs vLLM-Omni, the request scheduler)")
     bsub = p.add_subparsers(dest="bench_command", required=True)
-    c = bsub.add_parser("cfg-parallel", help="one request at a time: one device vs stock cfg 2 vs omni-ext cfg 2")
+    c = bsub.add_parser("cfg-parallel", help="one request at a time: one device vs stock cfg 2 vs omni-ext cfg 2 (--sp N: stock vs omni-ext on cfg 2 x ulysses N)")
     # 80x80x17, 25 steps on the "med" tiny Wan: a CFG step ~180 ms on one thread, VAE decode + text
     # encoding ~6 % of one-device time (Wan2.1-1.3B at 832x480x81, 50 steps: 5-15 %).
     _common(c, steps=25, size="80x80", frames=17, reps=5)
     c.add_argument("--skip-ceiling", action="store_true", help="skip the no-server transformer-loop ceiling")
+    c.add_argument("--sp", type=_positive_int, default=1, metavar="N",
+                   help="N > 1: CFG 2 x Ulysses N (2N processes), vLLM-Omni's executor vs the TunedExecutor, "
+                        "and the bare 2N-process loop as ceiling")
+    c.add_argument("--ceiling-reps", type=_positive_int, default=3, help="--sp: timed loops per ceiling layout (median)")
+    c.add_argument("--max-load", type=float, default=1.0,
+                   help="--sp: wait for the 1-minute load to fall to this before starting (else not a measurement)")
+    c.add_argument("--quiet-wait", type=float, default=600.0, help="--sp: wait at most this many seconds for it")
     c.set_defaults(func=_cfg)
     d = bsub.add_parser("data-parallel", help="8 concurrent requests: 2 groups vs 1; CFG-free on a cfg-2 group")
     _common(d, steps=25, size="80x80", frames=17, reps=3)

@@ -330,6 +330,25 @@ def finish_host(host: dict[str, Any]) -> None:
         host["loadavg_at_end"] = None
 
 
+def wait_for_quiet(max_load: float, timeout_s: float, poll_s: float = 10.0, load=None, clock=time.monotonic,
+                   sleep=time.sleep) -> dict[str, Any]:
+    """Wait until the 1-minute load is at most ``max_load`` (a benchmark that needs a quiet host),
+    at most ``timeout_s``; a progress line per poll. Returns the wait (``quiet`` False: it timed out,
+    and :func:`host_info` will then record the run as not a measurement)."""
+    load = load or (lambda: os.getloadavg()[0])
+    t0 = clock()
+    while True:
+        now = load()
+        waited = clock() - t0
+        if now <= max_load:
+            return {"quiet": True, "waited_s": round(waited, 1), "load1": now, "max_load": max_load}
+        if waited >= timeout_s:
+            log(f"host still busy after {waited:.0f} s (1-minute load {now:.2f} > {max_load:g}): going on")
+            return {"quiet": False, "waited_s": round(waited, 1), "load1": now, "max_load": max_load}
+        log(f"waiting for a quiet host: 1-minute load {now:.2f} > {max_load:g} ({waited:.0f}/{timeout_s:.0f} s)")
+        sleep(poll_s)
+
+
 def warn_if_busy(host: dict[str, Any]) -> None:
     if host.get("warning"):
         log(f"WARNING: {host['warning']}")

@@ -11,6 +11,14 @@ cfg-parallel: one device (1 worker, vLLM-Omni's mp executor) vs vLLM-Omni's ``--
 server runs vLLM-Omni's pipeline profiler, whose stage durations give the VAE decode + text
 encoding share of one-device time (written to the JSON).
 
+cfg-parallel --sp N: one request at a time on CFG 2 x Ulysses N (2N worker processes, one thread
+each, ``OMNI_EXT_CPU_VISIBLE_DEVICES`` 0..2N-1), vLLM-Omni's executor vs omni-ext's TunedExecutor with
+the same layout, side by side, both with vLLM-Omni's pipeline profiler (its ``diffuse`` stage is the
+denoising loop inside the server); then the bare 2N-process ceiling (:func:`ceiling.measure_sp`).
+No one-device server: neither goal needs one (tuned vs stock is one layout; tuned vs the ceiling
+compares loops), a third server would add ~40 % to the run, and the ceiling's bare one-process loop
+still gives the SP speedup over one device.
+
 data-parallel: 8 concurrent requests (a closed burst) against
 - omni-ext 2 groups (``data_parallel_size`` 2, cfg 1) vs 1 group (phase 1) -> ``throughput_ratio_tuned``;
 - vLLM-Omni's in-executor DP (``--num-gpus 2`` + stage override ``data_parallel_size`` 2) vs its
@@ -24,7 +32,10 @@ import json
 from typing import Any
 
 from omni_ext.bench.client import sync_burst, sync_request
-from omni_ext.bench.common import TUNED, Servers, host_info, median, setup, video_fields, write_result
+from omni_ext.bench.common import (
+    TUNED, Progress, Servers, figure, figures_table, finish_host, host_info, log, median, ratio, setup, size_hw,
+    video_fields, wait_for_quiet, warn_if_busy, write_result,
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -97,6 +108,128 @@ def run_cfg_parallel(args) -> dict[str, Any]:
         }
     )
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+#: Goals of ``cfg-parallel --sp N`` (issue 18): tuned at least as fast as vLLM-Omni's executor on the
+#: same layout, and its denoising loop within 5 % of the bare loop of the same layout.
+SP_GOALS = {"tuned_vs_stock": (">=", 1.0), "tuned_vs_ceiling": (">=", 0.95)}
+
+
+def sp_layout(sp: int) -> tuple[list[str], dict[str, str]]:
+    """Serve flags and environment of the CFG 2 x Ulysses ``sp`` servers (one CPU "device" per rank)."""
+    from omni_ext.bench.ceiling import sp_env
+
+    return ["--cfg-parallel-size", "2", "--ulysses-degree", str(sp), "--enable-diffusion-pipeline-profiler"], sp_env(2 * sp)
+
+
+def sp_server_specs(sp: int) -> dict[str, list[str]]:
+    flags, _ = sp_layout(sp)
+    return {"stock_sp": flags, "tuned_sp": [*flags, "--distributed-executor-backend", TUNED]}
+
+
+def diffuse_s(stages: dict[str, Any]) -> float | None:
+    """The denoising loop's seconds in vLLM-Omni's stage durations (``<Pipeline>.diffuse``), or None."""
+    vals = [v for k, v in stages.items() if k.endswith(".diffuse") and isinstance(v, (int, float))]
+    return float(max(vals)) if vals else None
+
+
+def sp_summary(runs: dict[str, list[dict[str, Any]]], ceiling: dict[str, Any] | None, measurement: bool) -> dict[str, Any]:
+    """Medians, ratios and goals of ``cfg-parallel --sp`` from its runs and ceiling (pure).
+
+    tuned_vs_stock: stock's median latency / tuned's (end to end, from the client).
+    tuned_vs_ceiling: the bare loop's median seconds / tuned's median ``diffuse`` stage: the same
+    steps of the same layout, so 1.0 is the bare loop's speed (the one-device loop / tuned's loop is
+    then tuned's SP speedup, ``ceiling.speedup`` the best the host gives)."""
+    lat = {k: median([r["latency_s"] for r in v]) for k, v in runs.items()}
+    loop = {}
+    for k, v in runs.items():
+        vals = [d for d in (diffuse_s(r.get("stages") or {}) for r in v) if d is not None]
+        loop[k] = median(vals) if vals else None
+    bare = (ceiling or {}).get("parallel_median_s")
+    one = (ceiling or {}).get("one_process_median_s")
+    figures = {
+        "tuned_vs_stock": figure(ratio(lat.get("stock_sp"), lat.get("tuned_sp")), *SP_GOALS["tuned_vs_stock"], measurement,
+                                 note="stock median latency / tuned median latency (end to end)"),
+        "tuned_vs_ceiling": figure(ratio(bare, loop.get("tuned_sp")), *SP_GOALS["tuned_vs_ceiling"], measurement,
+                                   note="bare CFG x SP loop median s / tuned median diffuse stage s"),
+    }
+    return {
+        "median_latency_s": lat,
+        "median_diffuse_s": loop,
+        "figures": figures,
+        "stock_vs_ceiling": ratio(bare, loop.get("stock_sp")),
+        "sp_speedup_over_one_process_loop": {"tuned": ratio(one, loop.get("tuned_sp")), "stock": ratio(one, loop.get("stock_sp")),
+                                             "ceiling": (ceiling or {}).get("speedup")},
+        "per_rep_tuned_vs_stock": [ratio(s["latency_s"], t["latency_s"]) for s, t in zip(runs.get("stock_sp", []), runs.get("tuned_sp", []))],
+    }
+
+
+def run_cfg_parallel_sp(args) -> dict[str, Any]:
+    model, workdir, base_args, env = setup(args)
+    flags, sp_env_vars = sp_layout(args.sp)
+    fields = video_fields(args)
+    quiet = wait_for_quiet(args.max_load, args.quiet_wait)
+    host = host_info(args.max_load)
+    host["quiet_wait"] = quiet
+    warn_if_busy(host)
+    servers = Servers(model, workdir, base_args, {**env, **sp_env_vars})
+    runs: dict[str, list[dict[str, Any]]] = {"stock_sp": [], "tuned_sp": []}
+    ceiling_reps = 0 if args.skip_ceiling else args.ceiling_reps
+    progress = Progress("cfg-parallel --sp", 2 * args.reps + 2 * ceiling_reps, min_interval_s=0.0)
+    try:
+        servers.start(sp_server_specs(args.sp), args.start_timeout)
+        for name in runs:  # warm-up (first-call costs), not recorded
+            sync_request(servers.url(name), video_fields(args, seed=1))
+        for i in range(args.reps):
+            for name in (("stock_sp", "tuned_sp") if i % 2 == 0 else ("tuned_sp", "stock_sp")):
+                r = sync_request(servers.url(name), fields)
+                runs[name].append(r)
+                d = diffuse_s(r["stages"])
+                progress.advance(note=f"rep {i}: {name} {r['latency_s']:.2f} s" + (f" (diffuse {d:.2f} s)" if d else ""))
+    finally:
+        servers.stop()
+    ceiling, ceiling_error = None, None
+    if ceiling_reps:
+        from omni_ext.bench.ceiling import measure_sp
+
+        h, w = size_hw(args.size)
+        try:
+            ceiling = measure_sp(model, h, w, args.frames, args.steps, args.sp, workdir, reps=ceiling_reps, progress=progress)
+        except Exception as exc:  # recorded: the servers' figures still stand
+            ceiling_error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+            log(f"ceiling failed: {ceiling_error[:300]}")
+    progress.close()
+    finish_host(host)
+    return {
+        "benchmark": "cfg-parallel --sp",
+        "model": f"tiny Wan2.1-T2V '{args.model_size}' (random weights, float32)",
+        "layout": {"cfg": 2, "ulysses": args.sp, "processes_per_server": 2 * args.sp, "threads_per_process": 1},
+        "request": {k: fields[k] for k in ("size", "num_frames", "num_inference_steps", "guidance_scale")},
+        "reps": args.reps,
+        "host": host,
+        "measurement": host["measurement"],
+        "workdir": str(workdir),
+        "servers": servers.commands,
+        "runs": runs,
+        "host_ceiling": ceiling,
+        "ceiling_error": ceiling_error,
+        **sp_summary(runs, ceiling, host["measurement"]),
+    }
+
+
+def sp_table(result: dict[str, Any]) -> str:
+    ceiling = result.get("host_ceiling") or {}
+    extra = {"stock": {"tuned_vs_ceiling": result.get("stock_vs_ceiling")},
+             "ceiling speedup": {"tuned_vs_ceiling": ceiling.get("speedup")}}
+    lines = [figures_table(result["figures"], extra),
+             f"median latency s: {result['median_latency_s']}",
+             f"median diffuse s: {result['median_diffuse_s']}; bare loop s: {ceiling.get('parallel_median_s')}"]
+    if result.get("ceiling_error"):
+        lines.append(f"ceiling failed: {result['ceiling_error'][:300]}")
+    if not result["measurement"]:
+        lines.append(f"NOT A MEASUREMENT: {result['host']['warning']}")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -179,6 +312,9 @@ def run_data_parallel(args) -> dict[str, Any]:
 
 
 def main_cfg_parallel(args) -> int:
+    if args.sp > 1:
+        result = run_cfg_parallel_sp(args)
+        return write_result(args.json, result, sp_table(result))
     result = run_cfg_parallel(args)
     return _write(args, result, [("cfg_parallel.e2e_speedup_tuned", result["cfg_parallel"]["e2e_speedup_tuned"]),
                                  ("cfg_parallel.e2e_speedup_stock", result["cfg_parallel"]["e2e_speedup_stock"]),
