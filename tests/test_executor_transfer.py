@@ -351,11 +351,12 @@ def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # seq, mode, steps, lag per step (s): 1, 2 run to the end; 3-6 are cancelled at a random moment mid-run.
+    # seq, mode, steps, lag per step (s): 1, 2 run to the end; 3-6 are cancelled at a random moment mid-run
+    # (3000 steps, ~6 s: a busy host may deschedule this process for a while before it cancels).
     # A "single" seq s is two jobs: s on unit 0, s + 100 on unit 1.
     plan = [(1, "pair", 6, 0.0), (2, "single", 6, 0.0)] + [
-        (seq, "pair" if seq % 2 else "single", 300, 0.004) for seq in (3, 4, 5, 6)] + [
-        (7, "pair-pause", 60, 0.004), (8, "single-pause", 60, 0.004)]
+        (seq, "pair" if seq % 2 else "single", 3000, 0.004) for seq in (3, 4, 5, 6)] + [
+        (7, "pair-pause", 1000, 0.004), (8, "single-pause", 1000, 0.004)]
     barrier, results = ctx.Barrier(5), ctx.Queue()
     procs = [ctx.Process(target=_cfg_sp_rank, args=(r, port, board, barrier, plan, results), daemon=True)
              for r in range(4)]
@@ -390,7 +391,7 @@ def test_cfg_x_sequence_parallel_processes_stop_at_the_same_step() -> None:
         assert len(set(stops.values())) == 1, (seq, stops)  # one stop step for all processes of a job
     assert got[1][0] is None and got[2][0] is None and got[102][2] is None  # not cancelled: ran to the end
     cancelled = [got[s][min(got[s])] for s in (3, 4, 104, 5, 6, 106)]
-    assert all(t is not None and t < 300 for t in cancelled), got  # each stopped, before its last step
+    assert all(t is not None and t < 3000 for t in cancelled), got  # each stopped, before its last step
     # asked to pause: every process of the job paused once, before the same step, and ran to the end
     assert set(got[7]) == {0, 1, 2, 3} and set(got[8]) == {0, 1} and set(got[108]) == {2, 3}
     assert all(len(got[s][min(got[s])]) == 1 for s in (7, 8, 108)), got
