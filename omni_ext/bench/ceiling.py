@@ -182,8 +182,9 @@ class _Group:
     @staticmethod
     def _answer(p: subprocess.Popen) -> dict:
         for line in p.stdout:
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
+            at = line.find(MARK)  # vLLM-Omni's worker prefixes its stdout lines ("(DiffusionWorker pid=N) ")
+            if at >= 0:
+                return json.loads(line[at + len(MARK):])
         raise RuntimeError(f"ceiling worker {p.pid} ended (exit {p.wait()}) without answering; see its log")
 
     def run(self) -> float:
