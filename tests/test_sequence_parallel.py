@@ -79,7 +79,9 @@ def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None
     assert any(e[0] == "start" for e in new_events(tuned, before)), "the long pair never started"
     queued0 = events_mark(tuned)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(video_sync, tuned, **SHAPE, num_inference_steps=4, seed=s) for s in (21, 22)]
+        # with time to spare (deadline_s): waiting, they do not preempt the long pair (tests/test_preemption.py)
+        futures = [pool.submit(video_sync, tuned, **SHAPE, num_inference_steps=4, seed=s, deadline_s=3600)
+                   for s in (21, 22)]
         while len(placements(tuned, queued0, kind="queued")) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
         status = requests.get(f"{tuned.url}/v1/videos/{long['id']}", timeout=60).json()["status"]
