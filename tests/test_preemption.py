@@ -151,7 +151,7 @@ def test_delete_of_a_paused_job_unwinds_it_without_resuming(server_pool) -> None
 
 def test_qwen_image_pair_pauses_for_an_interactive_image_with_the_same_bytes(server_pool) -> None:
     server = server_pool.get("qwen-tuned-cfg2", quiet=True)
-    long_body = {**IMAGE, "size": "64x64", "num_inference_steps": 40, "seed": 87}
+    long_body = {**IMAGE, "size": "64x64", "num_inference_steps": 300, "seed": 87}  # ~8 s: still running (a19: 40 ended first)
     before = events_mark(server)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         long_f = pool.submit(requests.post, server.url + "/v1/images/generations", json=long_body, timeout=300)
