@@ -66,7 +66,9 @@ def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None
     # same step, and the two requests then run at once, both guidance branches on one unit each
     # (128x128x17, 200 steps: ~20 s alone, so that it still runs when the two requests have queued on a
     # host busy with the next test's servers; 200 is /v1/videos' most steps)
+    warm = events_mark(tuned)
     assert video_sync(tuned, size="128x128", num_frames=17).status_code == 200  # the shape's cost is known
+    wait_for_events(tuned, warm, 1)  # done on its ranks too: the long one, alone, runs as a pair
     before = events_mark(tuned)
     resp = requests.post(tuned.url + "/v1/videos", json={
         "prompt": "a red fox", "negative_prompt": "blurry", "size": "128x128", "num_frames": 17,
