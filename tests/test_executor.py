@@ -103,6 +103,40 @@ def test_collectives_use_hccl_on_npu_and_torch_npu_is_not_needed() -> None:
     assert "torch_npu" not in sys.modules
 
 
+@pytest.mark.parametrize("section,device,expect", [
+    ({}, "cpu", "forkserver"), ({}, "npu", "spawn"), ({}, "cuda", "spawn"),
+    ({"worker_start": "spawn"}, "cpu", "spawn"), ({"worker_start": "forkserver"}, "npu", "forkserver"),
+])
+def test_worker_start_method_defaults_by_device_and_the_option_wins(section, device, expect) -> None:
+    from omni_ext.executor.start import start_method
+
+    assert start_method(section, device) == expect
+
+
+def test_an_unknown_worker_start_method_is_refused_with_the_choices() -> None:
+    from omni_ext.executor.start import start_method
+
+    with pytest.raises(ValueError, match=r"omni_ext.worker_start must be one of \['spawn', 'forkserver'\], got 'fork'"):
+        start_method({"worker_start": "fork"}, "cpu")
+
+
+def test_a_forked_worker_takes_the_executors_environment_and_keeps_its_process_title() -> None:
+    """A forked worker inherits its fork server's environment; apply_environ swaps it for the
+    executor's without breaking setproctitle (vLLM names its workers through it: moving the C
+    environment first left every worker titled "python")."""
+    import subprocess
+    import sys
+
+    code = ("import os, setproctitle; from omni_ext.executor.start import apply_environ; "
+            "env = dict(os.environ, OMNI_EXT_X='1'); env.pop('OMNI_EXT_GONE'); apply_environ(env); "
+            "setproctitle.setproctitle('vLLM-Omni::DiffusionWorker_CFG1'); "
+            "print(os.environ.get('OMNI_EXT_X'), os.environ.get('OMNI_EXT_GONE'), "
+            "open(f'/proc/{os.getpid()}/cmdline').read().split(chr(0))[0].strip())")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMNI_EXT_GONE": "1"},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", "None", "vLLM-Omni::DiffusionWorker_CFG1"]
+
+
 def test_executor_worker_messages_round_trip_over_a_pipe() -> None:
     import multiprocessing
 
@@ -486,6 +520,21 @@ def test_priority_request_starts_before_earlier_queued_ones(server_pool) -> None
 # --------------------------------------------------------------------------------------------------
 # 2. Real data parallel: two groups run two requests at the same time
 # --------------------------------------------------------------------------------------------------
+def test_cpu_workers_fork_from_a_preloaded_server_and_keep_vllm_omnis_names(server_pool) -> None:
+    """On the CPU platform the workers fork from one fork server that imported torch and vLLM-Omni
+    once (omni_ext.executor.start), and still carry vLLM-Omni's process titles for ``ps``."""
+    server = server_pool.get("wan-tuned-cfg2")
+    assert "workers started by forkserver" in server.log_text()
+    titles = set()
+    for proc in server.processes():
+        try:
+            titles.add(" ".join(proc.cmdline()).strip())
+        except Exception:
+            continue
+    assert {"vLLM-Omni::DiffusionWorker_CFG0", "vLLM-Omni::DiffusionWorker_CFG1"} <= titles, titles
+    assert any("multiprocessing.forkserver" in t for t in titles), titles
+
+
 def test_two_groups_run_two_requests_concurrently(server_pool) -> None:
     one, dp2 = server_pool.get("wan"), server_pool.get("wan-tuned-dp2")
     assert "2 worker(s), 2 group(s) [[0], [1]] of cfg 1" in dp2.log_text()

@@ -13,11 +13,11 @@ settling), what a job is expected to cost and its time limit (:mod:`omni_ext.sch
 whether a request runs CFG and its cost units (:mod:`omni_ext.models.families`); the options are
 :mod:`omni_ext.scheduler.config`.
 
-Processes. ``W = data_parallel_size x cfg_parallel_size x sequence_parallel_size`` spawned worker
-processes (:mod:`omni_ext.executor.worker`), process ``p`` on local device ``p``, in one
-torch.distributed world with vLLM-Omni's own process groups. Placement sees *units*: the
-``sequence_parallel_size`` (Ulysses x Ring) processes of one CFG half, which always run a job
-together (:class:`~omni_ext.scheduler.placement.Units`: unit ``u`` is processes
+Processes. ``W = data_parallel_size x cfg_parallel_size x sequence_parallel_size`` worker
+processes (:mod:`omni_ext.executor.worker`, started as :mod:`omni_ext.executor.start` says),
+process ``p`` on local device ``p``, in one torch.distributed world with vLLM-Omni's own process
+groups. Placement sees *units*: the ``sequence_parallel_size`` (Ulysses x Ring) processes of one CFG
+half, which always run a job together (:class:`~omni_ext.scheduler.placement.Units`: unit ``u`` is processes
 ``[u*sp, (u+1)*sp)``, vLLM-Omni's SP group); group ``g`` is units ``[g*cfg, g*cfg + cfg)``, whose
 processes form vLLM-Omni's CFG groups. A job placed on units is sent to every process of them, and
 answered by the leader of the unit holding its output. vLLM-Omni's SP attention runs unchanged
@@ -58,7 +58,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.executor.abstract import DiffusionExecutor
 
-from omni_ext.executor import ascend, protocol
+from omni_ext.executor import ascend, protocol, start
 from omni_ext.executor.ranks import Job, RankQueue, resolve
 from omni_ext.executor.role import new_board
 from omni_ext.models import families
@@ -151,6 +151,10 @@ class TunedExecutor(DiffusionExecutor):
         if device_type in ("npu", "cuda", "cpu") and backend != expected:
             raise RuntimeError(f"omni-ext TunedExecutor: platform {device_type} uses {backend!r}, expected {expected!r}.")
         self.worker_env = worker_env
+        try:
+            self.start_method = start.start_method(omni_ext_section(additional), device_type)
+        except ValueError as exc:
+            raise ValueError(f"omni-ext TunedExecutor: {exc}") from None
 
         self._closed = False
         self._failed = False
@@ -174,11 +178,12 @@ class TunedExecutor(DiffusionExecutor):
             t.start()
         logger.info(
             "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d x sp %d, backend %s, scheduler "
-            "cfg_mode=%s order=%s%s%s",
+            "cfg_mode=%s order=%s%s%s, workers started by %s",
             world, dp, [list(self.units.expand(g)) for g in self.layout.groups], self.cfg_size,
             self.units.size, backend, self.cfg_mode, self.sched.order,
             "" if self.cfg_mode == self.sched.cfg_mode else f" (configured {self.sched.cfg_mode}: no tuned pipeline)",
             f", worker env {worker_env}" if worker_env else "",
+            self.start_method,
         )
 
     def _preempt_refusal(self) -> str | None:
@@ -198,7 +203,8 @@ class TunedExecutor(DiffusionExecutor):
         from omni_ext.executor.worker import worker_main
 
         set_multiprocessing_worker_envs()
-        ctx = multiprocessing.get_context("spawn")
+        with _environ(self.worker_env):
+            ctx = start.worker_context(self.start_method)
         # One slot per rank: the sequence number of the job that rank must stop (shared memory, so
         # a cancel reaches a rank in the middle of its forward without any message), and the cells
         # in which the processes of a job agree on its stop step (omni_ext.executor.role.stop_now).
@@ -212,7 +218,7 @@ class TunedExecutor(DiffusionExecutor):
                 parent, child = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=worker_main,
-                    args=(rank, self.od_config, child, self._cancel_slots),
+                    args=(rank, self.od_config, child, self._cancel_slots, start.worker_environ()),
                     name=f"DiffusionWorker-{rank}",
                     daemon=True,
                 )

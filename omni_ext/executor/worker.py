@@ -38,7 +38,10 @@ from omni_ext.scheduler.placement import JobMode, Units
 logger = logging.getLogger("omni_ext.executor")
 
 
-def worker_main(rank: int, od_config, conn, cancel_slots=None) -> None:
+def worker_main(rank: int, od_config, conn, cancel_slots=None, environ: dict[str, str] | None = None) -> None:
+    from omni_ext.executor.start import apply_environ
+
+    apply_environ(environ)  # a forked worker: the executor's environment, not its fork server's
     shutdown = False
 
     def on_signal(signum, frame):
