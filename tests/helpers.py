@@ -352,6 +352,7 @@ def restart_server(server: ServeProcess, *, kill: bool = False) -> int | None:
 #: omni-ext's executor roles): loaded once by a fork server that forks each of them, instead of ~11 s
 #: of imports per spawned process (four processes on two cores: ~25 s before the first collective).
 PRELOAD = ("torch", "torch.distributed", "vllm_omni.diffusion.data", "vllm_omni.diffusion.distributed.cfg_parallel",
+           "vllm_omni.diffusion.worker.diffusion_model_runner", "vllm_omni.plugins",
            "omni_ext.executor.role", "omni_ext.executor.pipelines", "omni_ext.executor.vae_pipeline",
            "omni_ext.models.tiny")
 
@@ -365,3 +366,15 @@ def process_context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
     return ctx
+
+
+def options_for(preset, tiny_models: dict[str, Path] | None = None, role: str | None = None):
+    """Render options for a catalog preset (tiny model paths for a cpu preset); a multi-host preset
+    renders its head unless ``role`` says otherwise."""
+    from omni_ext.presets.render import RenderOptions
+
+    hosts = {"role": role or "head", "master_address": "127.0.0.1"} if preset.multi_host else {}
+    if preset.device != "cpu":
+        return RenderOptions(**hosts)
+    model = {"wan2.1-t2v-tiny": "wan2.1-t2v", "qwen-image-tiny": "qwen-image"}[preset.model]
+    return RenderOptions(model=str(tiny_models[model]) if tiny_models else f"/models/{model}", **hosts)

@@ -107,15 +107,20 @@ def test_process_roles_reads_the_tuned_worker_flag_without_importing_the_executo
     assert hits == [tuned.apply]
 
 
-_PLUGIN_PATH = """
-import json, sys
-{flag}
-from vllm_omni.plugins import load_omni_general_plugins
-from vllm_omni.diffusion.worker.diffusion_model_runner import DiffusionModelRunner
-from omni_ext.patches import _STATE, is_patched
-load_omni_general_plugins()  # as the TunedExecutor worker does, after setting the flag
-print(json.dumps({{"applied": _STATE.applied, "runner_patched": is_patched(DiffusionModelRunner.__init__)}}))
-"""
+def _activation(tuned: bool, results) -> None:
+    """In a fresh worker process (forked from the tests' fork server, as the TunedExecutor's CPU
+    workers fork from theirs): vLLM-Omni's general-plugin loading, after the flag if ``tuned``."""
+    if tuned:
+        from omni_ext.executor.role import ROLE
+
+        ROLE.tuned_worker = True
+    from vllm_omni.diffusion.worker.diffusion_model_runner import DiffusionModelRunner
+    from vllm_omni.plugins import load_omni_general_plugins
+
+    from omni_ext.patches import _STATE, is_patched
+
+    load_omni_general_plugins()  # as the TunedExecutor worker does, after setting the flag
+    results.put({"applied": dict(_STATE.applied), "runner_patched": is_patched(DiffusionModelRunner.__init__)})
 
 
 @pytest.mark.spawns
@@ -123,14 +128,13 @@ print(json.dumps({{"applied": _STATE.applied, "runner_patched": is_patched(Diffu
 def test_plugin_activation_applies_tuned_worker_patches_only_when_flagged(tuned: bool) -> None:
     """vLLM-Omni's general-plugin entry point (register_omni -> _activate -> apply_patches) applies the
     tuned-worker patches in a process that set ROLE.tuned_worker first, and only there."""
-    import json
-    import sys
-
-    flag = "from omni_ext.executor.role import ROLE; ROLE.tuned_worker = True" if tuned else ""
-    proc = subprocess.run([sys.executable, "-c", _PLUGIN_PATH.format(flag=flag)], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    ctx = process_context()
+    results = ctx.Queue()
+    proc = ctx.Process(target=_activation, args=(tuned, results))
+    proc.start()
+    out = results.get(timeout=300)
+    proc.join(timeout=60)
+    assert proc.exitcode == 0
     tuned_patches = {p.name for p in reg.PATCHES if p.where == "tuned-worker"}
     assert tuned_patches
     if tuned:

@@ -12,8 +12,6 @@ import json
 import os
 import stat
 import subprocess
-import time
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,12 +39,10 @@ from omni_ext.presets.render import (
 from omni_ext.presets.shared import parse_size, tuned_executor_refusal
 from omni_ext.presets.validate import CHECK_RULES, TUNED_EXECUTOR, check_preset, check_qualname
 from omni_ext.scheduler.config import scheduler_config
-from omni_ext.server_process import ServeProcess
+from tests.helpers import options_for
 from tests.media import decode_mp4, decode_png
 
 ROOT = Path(__file__).resolve().parents[1]
-# Same knob as conftest: start-up takes 20-80 s on an idle 2-core host, far longer when it is shared.
-START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
 SCRIPTS = ROOT / "scripts" / "launch"
 CATALOG = load_catalog()
 COSTS = load_cost_table()
@@ -58,15 +54,6 @@ def errors(preset: Preset) -> list[str]:
 
 def warnings(preset: Preset) -> list[str]:
     return [i.message for i in check_preset(preset) if i.level == "warning"]
-
-
-def options_for(preset: Preset, tiny_models: dict[str, Path] | None = None, role: str | None = None) -> RenderOptions:
-    """Render options for a catalog preset; a multi-host preset renders its head unless ``role`` says otherwise."""
-    hosts = {"role": role or "head", "master_address": "127.0.0.1"} if preset.multi_host else {}
-    if preset.device != "cpu":
-        return RenderOptions(**hosts)
-    model = {"wan2.1-t2v-tiny": "wan2.1-t2v", "qwen-image-tiny": "qwen-image"}[preset.model]
-    return RenderOptions(model=str(tiny_models[model]) if tiny_models else f"/models/{model}", **hosts)
 
 
 #: Every launch of the catalog: (preset name, role), one per host role for a multi-host preset.
@@ -657,13 +644,6 @@ def test_presets_list_show_and_render_env(capsys) -> None:
 # real servers from the cpu-tiny presets (one at a time)
 
 
-def _own_servers_allowed() -> None:
-    """These tests start servers of their own (not the shared pool): OMNI_EXT_NO_SERVERS=1 skips them too,
-    so a run of the pure tests starts no server on the shared 2-core host."""
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1")
-
-
 def _rendered(name: str):
     """An ``own_servers`` declaration (tests/conftest.py) of a cpu preset as rendered for its tiny model:
     the preset's model, flags and environment (its deploy YAML written to the server's directory)."""
@@ -705,42 +685,6 @@ def test_cpu_tiny_qwen_preset_serves_an_image(own) -> None:
     assert decode_png(base64.b64decode(resp.json()["data"][0]["b64_json"])).shape[:2] == (32, 32)
 
 
-@pytest.mark.server
-def test_cpu_tiny_two_host_preset_serves_a_video_through_the_head(tiny_models, tmp_path: Path) -> None:
-    """The two-host layout for real, on loopback: the preset's head and replica commands, as rendered, on one host."""
-    from omni_ext.server_process import ATTACHED_LINE, HEAD_STOP_GRACE_S, ServerStartError, free_port
-
-    _own_servers_allowed()
-    preset = CATALOG["wan2.1-t2v-tiny.cpu.2x1.throughput"]
-    master_port = free_port()
-    procs: dict[str, ServeProcess] = {}
-    for role in ROLES:
-        rendered = render(preset, replace(options_for(preset, tiny_models, role), master_port=master_port))
-        path = tmp_path / f"{role}.yaml"
-        path.write_text(format_rendered(rendered, "yaml"))
-        flags = list(rendered.flags)
-        flags[flags.index("--deploy-config") + 1] = str(path)
-        # One thread per worker process: two processes share the 2-core host (as tests/test_replicas.py does).
-        env = {**rendered.env, "OMP_NUM_THREADS": "1", "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp_path / "storage"),
-               "OMNI_EXT_API_DATA_DIR": str(tmp_path / f"api-{role}")}
-        procs[role] = ServeProcess(model=rendered.model, args=flags, env=env, headless=rendered.headless,
-                                   log_path=tmp_path / f"{role}.log")
-    head, replica = procs["head"], procs["replica"]
-    try:
-        head.start()
-        replica.start()
-        head.wait_ready(START_TIMEOUT_S)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while ATTACHED_LINE not in head.log_text():
-            if replica.proc.poll() is not None:
-                raise ServerStartError(f"replica host exited {replica.proc.returncode}:\n{replica.log_tail()}")
-            assert time.monotonic() < deadline, f"head never attached the replica host:\n{head.log_tail()}"
-            time.sleep(0.5)
-        fields = {"prompt": "a red fox in snow", "seed": "7", **{k: str(v) for k, v in preset.request_defaults.items()}}
-        resp = requests.post(head.url + "/v1/videos/sync", files={k: (None, v) for k, v in fields.items()}, timeout=300)
-        assert resp.status_code == 200, resp.text[:500]
-        assert decode_mp4(resp.content) == (5, 32, 32)
-        assert "--headless" in replica.log_text().splitlines()[0] and "omni-ext TunedExecutor: 1 worker(s)" in replica.log_text()
-    finally:
-        replica.stop()
-        head.stop(timeout=HEAD_STOP_GRACE_S)  # vLLM-Omni 0.30 heads cannot shut down cleanly (see there)
+# The cpu two-host preset's head and replica commands, as rendered, serve through the head in
+# tests/test_replicas.py::test_multihost_burst_then_replica_loss_fails_only_its_job_then_it_rejoins
+# (its multi-machine servers are that preset's).
