@@ -164,6 +164,14 @@ def add_subcommands(sub) -> None:
                     "--suite topologies. Defaults (video): 64x64, 17 frames, 20 steps, 4 clients, 16 requests, "
                     "\"med\" tiny model. --quick: 32x32, 5 frames, 2 steps, 2 clients, 4 requests, tiny model.")
     _module_command(
+        bsub, "stream", "stream",
+        help="a Poisson stream of short and long videos at several loads: SLO attainment, order slo vs fifo vs stock",
+        description="Four servers of the tiny Wan on two groups (omni-ext's default order slo, order fifo, stock "
+                    "vLLM-Omni in 2 replicas, and slo without preemption), started together and measured one at a "
+                    "time on the same seeded streams. Defaults: 64x64, short 9 frames x 8 steps, long 81 x 20, 75 %% "
+                    "short, loads 0.5,0.7,0.9 of the measured capacity, 150 s of arrivals each (~40 min on 2 cores). "
+                    "--quick: 32x32, 5x2 and 17x6, load 0.7, 20 s.")
+    _module_command(
         bsub, "api-poll", "api_poll",
         help="status-poll latency while videos finish: vLLM-Omni's routes vs omni-ext's (p99 goal < 100 ms)",
         description="Starts the tiny Wan model twice, one after the other (vLLM-Omni's routes: "

@@ -1,0 +1,116 @@
+"""``omni-ext bench stream``'s pure parts: the workload, the per-request statistics, the figures and
+their goals, the stock server's command, the table and the plot. The measurement itself runs real
+servers (``omni-ext bench stream --json OUT``); its figures are the README's, not asserted here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from omni_ext.bench import common as c
+from omni_ext.bench import mixed
+from omni_ext.bench import stream as st
+
+
+def test_classes_and_loads_are_parsed_and_bad_ones_named() -> None:
+    assert st.parse_class("81x20") == (81, 20)
+    assert st.parse_loads("0.5, 0.7,0.9") == [0.5, 0.7, 0.9]
+    with pytest.raises(ValueError, match="FRAMESxSTEPS"):
+        st.parse_class("81")
+    with pytest.raises(ValueError, match="positive"):
+        st.parse_class("0x4")
+    with pytest.raises(ValueError, match="fractions of capacity"):
+        st.parse_loads("0.5,3")
+
+
+def test_arrivals_are_seeded_poisson_at_the_asked_share_of_capacity() -> None:
+    cap = st.capacity_rps({"short": 1.0, "long": 8.0}, 0.75)
+    assert cap == pytest.approx(2 / (0.75 * 1.0 + 0.25 * 8.0))
+    a = st.arrivals(0.7, cap, 20_000.0, 0.75, seed=3)
+    assert a == st.arrivals(0.7, cap, 20_000.0, 0.75, seed=3)  # the same stream for every server
+    assert a != st.arrivals(0.9, cap, 20_000.0, 0.75, seed=3)
+    assert len(a) / 20_000.0 == pytest.approx(0.7 * cap, rel=0.05)
+    assert sum(cls == "short" for _, cls in a) / len(a) == pytest.approx(0.75, abs=0.02)
+    assert all(0 < t <= 20_000.0 for t, _ in a) and [t for t, _ in a] == sorted(t for t, _ in a)
+
+
+def _req(cls: str, latency: float | None, end: float | None = None, status: str = "completed") -> dict:
+    return {"cls": cls, "status": status, "latency_s": latency, "end_s": end if end is not None else latency}
+
+
+def test_a_refused_request_is_a_miss_and_an_unbounded_tail_has_no_p99() -> None:
+    alone = {"short": 1.0, "long": 5.0}
+    reqs = [_req("short", 1.5, 2.0), _req("short", 2.9, 4.0), _req("long", 10.0, 12.0), _req("long", 30.0, 40.0),
+            _req("short", None, status="refused")]
+    s = st.stream_stats(reqs, alone)
+    assert s["n"] == 5 and s["completed"] == 4 and s["refused"] == 1
+    assert s["slo3_attainment"] == pytest.approx(3 / 5)  # 1.5x, 2.9x, 2x in; 6x and the refused one out
+    assert s["slo5_attainment"] == pytest.approx(3 / 5)
+    assert s["long"]["p50_slowdown"] == pytest.approx(4.0) and s["long"]["p99_slowdown"] == pytest.approx(5.96)
+    assert s["short"]["p99_slowdown"] is None  # the refused one is the tail: unbounded
+    assert s["short"]["p50_latency_s"] == pytest.approx(2.2)
+    assert s["throughput_rps"] == pytest.approx(4 / 40.0)
+
+
+def _raw(att: dict[str, float], n: int = 20) -> list[dict]:
+    """``n`` short requests of which a share ``att`` is within 3x (the rest at 4x)."""
+    k = round(att * n)
+    return [_req("short", 2.0 if i < k else 4.0, 10.0 + i) for i in range(n)]
+
+
+def test_figures_pass_only_ahead_of_fifo_and_stock_and_preemption_costs_little() -> None:
+    standalone = {"slo": {"short": 1.1, "long": 8.0}, "fifo": {"short": 1.0, "long": 8.4}, "stock": {"short": 1.2, "long": 7.9}}
+    raw = {"slo": {"0.7": _raw(1.0), "0.9": _raw(0.9)}, "fifo": {"0.7": _raw(0.8), "0.9": _raw(0.9)},
+           "stock": {"0.7": _raw(0.5), "0.9": _raw(0.4)}, "nopreempt": {"0.9": _raw(0.85)}}
+    out = st.summarize(raw, standalone, [0.7, 0.9], {"interactive_start_over_step": 1.2, "long_step_s": 0.4},
+                       {"measurement": True}, {"seed": 0})
+    assert out["yardstick_s"] == {"short": 1.0, "long": 7.9}  # the fastest server's: one bound for all
+    f = out["figures"]
+    assert f["stream.slo3_attainment@0.7"]["pass"] is True and f["stream.slo3_attainment@0.7"]["stock_value"] == 0.5
+    # 0.9 reached, but not ahead of fifo's equal 0.9: not a pass
+    assert f["stream.slo3_attainment@0.9"]["value"] == 0.9 and f["stream.slo3_attainment@0.9"]["pass"] is False
+    assert f["preempt.interactive_start_over_step"]["pass"] is True
+    loss = f["preempt.throughput_loss"]
+    assert loss["value"] == pytest.approx(1 - (20 / 29.0) / (20 / 29.0)) and loss["pass"] is True
+    text = st.table(out)
+    assert "stream.slo3_attainment@0.9" in text and "stock (vLLM-Omni)" in text and "fastest server's median" in text
+
+
+def test_the_stock_server_runs_vllm_omnis_executor_and_dispatch(tmp_path: Path) -> None:
+    specs, envs = st.server_specs(mixed.replicas_deploy(tmp_path))
+    assert set(specs) == {"slo", "fifo", "stock", "nopreempt"}
+    for name, flags in specs.items():
+        deploy = yaml.safe_load(Path(flags[flags.index("--deploy-config") + 1]).read_text()) if "--deploy-config" in flags else None
+        assert (c.omni_ext_executor_in(flags, deploy) == []) == (name == "stock"), name
+    c.refuse_omni_ext_in_stock("stock", specs["stock"])
+    assert envs == {"stock": {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"}}
+    assert json.loads(specs["fifo"][-1])["omni_ext"]["scheduler"] == {"order": "fifo"}
+    assert json.loads(specs["nopreempt"][-1])["omni_ext"]["scheduler"] == {"preempt": False}
+
+
+def test_dry_run_names_the_servers_and_the_goals(capsys) -> None:
+    from omni_ext.cli import main
+
+    assert main(["bench", "stream", "--dry-run", "--quick"]) == 0
+    plan = json.loads(capsys.readouterr().out.split("\n[bench]")[0])
+    assert set(plan["servers (started together, measured one at a time)"]) == {"slo", "fifo", "stock", "nopreempt"}
+    assert plan["classes"]["long"]["request"]["num_frames"] == 17 and plan["loads"] == [0.7]
+    assert plan["goals"]["stream.slo3_attainment@0.9"] == ">= 0.85"
+
+
+def test_the_plot_draws_attainment_against_load(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    by_load = {k: {n: {"slo3_attainment": v} for n, v in zip(("slo", "fifo", "stock"), vals)}
+               for k, vals in {"0.5": (1.0, 0.9, 0.7), "0.9": (0.9, 0.6, 0.4)}.items()}
+    st.plot({"by_load": by_load}, tmp_path / "stream.png")
+    assert (tmp_path / "stream.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_request_class_becomes_the_fields_of_a_video() -> None:
+    args = SimpleNamespace(size="64x64", classes={"short": (9, 8), "long": (81, 20)})
+    f = st._fields(args, "long", 5)
+    assert (f["num_frames"], f["num_inference_steps"], f["seed"], f["size"]) == (81, 20, 5, "64x64")
