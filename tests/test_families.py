@@ -94,6 +94,19 @@ def test_the_table_names_real_vllm_omni_and_omni_ext_classes() -> None:
             assert hasattr(importlib.import_module(module), cls), qualname
 
 
+def test_request_batch_is_what_vllm_omnis_pipeline_declares() -> None:
+    """The TunedExecutor batches a wave only where vLLM-Omni's pipeline has a request-batch forward."""
+    import importlib
+
+    for f in FAMILIES:
+        if f.vllm_omni_class:
+            module, _, cls = f.vllm_omni_class.partition(":")
+            declared = bool(getattr(getattr(importlib.import_module(module), cls), "supports_request_batch", False))
+            assert f.request_batch == declared, f.name
+        else:
+            assert not f.request_batch, f.name
+
+
 def test_tiny_models_resolve_to_their_family(tmp_path) -> None:
     from omni_ext.models.tiny import MODELS, build_tiny_model
 

@@ -32,10 +32,11 @@ from omni_ext.scheduler.placement import JobMode
 # ---------------------------------------------------------------- executor -> worker
 @dataclass(frozen=True)
 class RunJob:
-    """Run one request. ``mode`` is how this rank runs it (PAIR: one CFG branch of a group of
-    ``cfg_size`` units; SINGLE: all of it on its unit alone); ``seq`` is what the executor writes
-    into this rank's cancel slot to stop the job (:mod:`omni_ext.executor.role`); ``ranks``: every
-    worker process the job runs on (they agree on a cancel step), ``unit_size``: processes per unit
+    """Run one request (``req``), or one batched forward of several (``req`` a list: request
+    batching). ``mode`` is how this rank runs it (PAIR: one CFG branch of a group of ``cfg_size``
+    units; SINGLE: all of it on its unit alone); ``seq`` is what the executor writes into this rank's
+    cancel slot to stop the job (:mod:`omni_ext.executor.role`); ``ranks``: every worker process the
+    job runs on (they agree on a cancel step), ``unit_size``: processes per unit
     (:class:`~omni_ext.scheduler.placement.Units`, the sequence-parallel size)."""
 
     job_id: str
@@ -91,7 +92,8 @@ class StartFailed:
 @dataclass(frozen=True)
 class JobDone:
     """A job finished on ``rank`` after ``seconds``. ``owner``: this rank holds the request's output
-    (``out``; None on a pair job's other rank). An error output is reported by every rank."""
+    (``out``; None on a pair job's other rank; a list, one per request, for a batched job). An error
+    output is reported by every rank."""
 
     job_id: str
     rank: int
@@ -181,6 +183,16 @@ def output_to_shared_memory(out: Any) -> Any:
     from vllm_omni.diffusion.data import DiffusionOutput
     from vllm_omni.diffusion.ipc import _unlink_shm_handles, pack_diffusion_output_shm
 
+    if isinstance(out, list):  # a batched job's outputs, one per request
+        done: list = []
+        try:
+            for item in out:
+                done.append(output_to_shared_memory(item))
+        except BaseException:
+            for item in done:
+                output_from_shared_memory(item)
+            raise
+        return out
     if not isinstance(out, DiffusionOutput):
         return out
     pack_diffusion_output_shm(out)
@@ -221,6 +233,16 @@ def output_from_shared_memory(out: Any) -> Any:
     from vllm_omni.diffusion.data import DiffusionOutput
     from vllm_omni.diffusion.ipc import unpack_diffusion_output_shm
 
+    if isinstance(out, list):  # a batched job's outputs: every one is read (and unlinked), also after a failure
+        errors = []
+        for item in out:
+            try:
+                output_from_shared_memory(item)
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        return out
     if isinstance(out, DiffusionOutput):
         unpack_diffusion_output_shm(out)
     return out

@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, MutableSequence
+from collections.abc import Callable, Hashable, MutableSequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +48,7 @@ from vllm_omni.diffusion.data import DiffusionOutput
 from omni_ext import progress
 from omni_ext.executor import protocol
 from omni_ext.executor.role import PAUSE, board_size, pause_token
-from omni_ext.scheduler import cost, placement, preempt
+from omni_ext.scheduler import batching, cost, placement, preempt
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig
 from omni_ext.models.families import request_cost
 from omni_ext.scheduler.cost import CostModel
@@ -85,6 +85,18 @@ class Job:
     paused: set[int] = field(default_factory=set)  # its ranks that answered Paused
     paused_at: float | None = None  # monotonic, while every rank of it is paused
     paused_step: int = 0
+    members: tuple[str, ...] = ()  # a batched job's request ids, in batch order (request batching)
+    cancelled: set[str] = field(default_factory=set)  # members cancelled while the batch runs on for the others
+    parts: list[Part] = field(default_factory=list)  # a batched job's per-request futures
+
+    @property
+    def request_ids(self) -> tuple[str, ...]:
+        """The engine requests this job answers: its batch's members, else its one request."""
+        return self.members or (self.request_id,)
+
+    @property
+    def batched(self) -> bool:
+        return bool(self.members)
 
     @property
     def is_paused(self) -> bool:
@@ -115,6 +127,7 @@ class RankQueue:
         self, layout: Layout, sched: SchedulerConfig, *, model_arch: str | None, tuned_model: bool, cfg_mode: CfgMode,
         send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int], small_warmup: bool = False,
         units: placement.Units = placement.Units(), preempt_refusal: str | None = None,
+        batch_key: Callable[[Any], Hashable] | None = None,
     ) -> None:
         self.layout, self.sched, self.cfg_mode, self.units = layout, sched, cfg_mode, units
         self.cfg_size = len(layout.groups[0]) if layout.groups else 1
@@ -131,6 +144,7 @@ class RankQueue:
         if sched.preempt and preempt_refusal is not None:
             logger.info("omni-ext: step-level preemption is off: %s", preempt_refusal)
         self.preemptions: dict[str, int] = {r: 0 for r in preempt.REASONS}
+        self.batch_key = batch_key  # requests of a wave with equal keys may run as one batch (None: never)
 
     @property
     def costs(self) -> CostModel:
@@ -171,29 +185,150 @@ class RankQueue:
                 progress.record_placement("queued", request_id, priority=priority)
         return job
 
+    def submit_wave(self, items: list[tuple[str, Any]]) -> list[str]:
+        """Queue a wave the engine scheduled together (``--max-num-seqs``): ``(request_id, req)`` in
+        order; returns each request's async output id. Requests with equal batch keys are cut into
+        chunks by :func:`omni_ext.scheduler.batching.plan`, each chunk of more than one a batched job."""
+        if self.batch_key is None or len(items) < 2:
+            return [self.submit(rid, req).job_id for rid, req in items]
+        ids: dict[int, str] = {}
+        waves: dict[Hashable, list[int]] = {}
+        for i, (rid, req) in enumerate(items):
+            if is_warm_up(rid):
+                ids[i] = self.submit(rid, req).job_id
+                continue
+            try:
+                key = self.batch_key(req)
+            except Exception as exc:  # a request the key cannot read runs alone
+                logger.warning("omni-ext: request %s runs unbatched: %s", rid, exc)
+                ids[i] = self.submit(rid, req).job_id
+                continue
+            waves.setdefault(key, []).append(i)
+        with self.lock:
+            for idx in waves.values():
+                sizes = self._batch_plan([items[i] for i in idx])
+                at = 0
+                for size in sizes:
+                    chunk = idx[at:at + size]
+                    at += size
+                    if size == 1:
+                        ids[chunk[0]] = self.submit(*items[chunk[0]]).job_id
+                    else:
+                        for i, out_id in zip(chunk, self._submit_batch([items[i] for i in chunk])):
+                            ids[i] = out_id
+        return [ids[i] for i in range(len(items))]
+
+    def _batch_plan(self, items: list[tuple[str, Any]]) -> list[int]:
+        """The chunk sizes of one compatible wave (under the lock): predicted times of each batch size
+        from the cost model, the slots the wave's mode runs on and when each is predicted free."""
+        rid, req = items[0]
+        rc = request_cost(self.model_arch, getattr(req, "prompt", None), getattr(req, "sampling_params", None),
+                          None if self.tuned_model else True)
+        mode = JobMode.for_request(needs_cfg=rc.cfg, group_size=self.cfg_size)
+        rank_mode = placement.predicted_mode(mode, self.cfg_mode).rank_mode.value
+
+        def batch_s(k: int) -> float | None:
+            return self.costs.predict_s(cost.mode_key(cost.batch_key(rc.key, k), rank_mode), k * rc.units)
+
+        now = time.monotonic()
+        one_unit = rank_mode == JobMode.SINGLE.value and self.cfg_size > 1
+        slots = [(r,) for r in self.layout.ranks] if one_unit else list(self.layout.groups)
+        free_at = []
+        for slot in slots:
+            procs = set(self.units.expand(slot))
+            left = [self.jobs.remaining(self.entry(j), now) or 0.0 for j in self.running() if procs & set(j.ranks)]
+            free_at.append(max(left, default=0.0))
+        for entry in self.jobs.queued():  # queued work, each on the slot free first
+            free_at.sort()
+            free_at[0] += self._predict(entry, self.costs) or 0.0
+        sizes = batching.plan(len(items), batch_s, free_at)
+        logger.info("omni-ext: a wave of %d compatible requests (%s) runs as %s on %d %s(s) free in %s s",
+                    len(items), rc.key, "+".join(map(str, sizes)), len(slots), "rank" if one_unit else "group",
+                    [round(t, 2) for t in sorted(free_at)])
+        return sizes
+
+    def _submit_batch(self, items: list[tuple[str, Any]]) -> list[str]:
+        """Queue one batched job of these compatible requests (under the lock); each request's async
+        output id (its :class:`Part`)."""
+        members = tuple(rid for rid, _ in items)
+        reqs = [req for _, req in items]
+        sps = [getattr(req, "sampling_params", None) for req in reqs]
+        rc = request_cost(self.model_arch, getattr(reqs[0], "prompt", None), sps[0], None if self.tuned_model else True)
+        mode = JobMode.for_request(needs_cfg=rc.cfg, group_size=self.cfg_size)
+        seq = self.next_id()
+        now = time.monotonic()
+        arrival = min(now - request_waited_s(sp) for sp in sps)
+        units = rc.units * len(items)
+        job = Job(f"omx-{seq}", f"{members[0]}+{len(members) - 1}", reqs, JobNeeds(mode, units, arrival=arrival),
+                  shape=cost.batch_key(rc.key, len(items)), steps=rc.steps, seq=seq, members=members)
+        priority = min(request_priority(rid, sp) for rid, sp in zip(members, sps))
+        deadlines = [d for rid, sp in zip(members, sps) if (d := request_deadline_s(rid, sp)) is not None]
+        if self.stopped:
+            raise RuntimeError("omni-ext TunedExecutor is not running")
+        parts = job.parts = [Part(job, i) for i in range(len(members))]
+        _split_batch(job, parts)
+        out_ids = []
+        for part in parts:
+            out_id = f"{job.job_id}/{part.index}"
+            self.outputs[out_id] = part
+            out_ids.append(out_id)
+        self.jobs.submit(job.job_id, job, priority=priority, arrival=arrival, key=job.shape, units=units,
+                         deadline_s=min(deadlines) if deadlines else None)
+        logger.info("omni-ext: batch of %d requests %s as one job (priority %d)", len(members), list(members), priority)
+        self.dispatch()
+        if self.jobs.get(job.job_id) is not None and not self.entry(job).running:
+            if self.sched.settle_s > 0:
+                self._dispatch_after(self.sched.settle_s)
+            for rid in members:
+                progress.record_placement("queued", rid, priority=priority, batch=list(members))
+        return out_ids
+
     def entry(self, job: Job) -> Entry[Job]:
         return self.jobs.entries[job.job_id]
 
-    def take_output(self, async_output_id: str) -> Job | None:
+    def take_output(self, async_output_id: str) -> Job | Part | None:
         with self.lock:
             return self.outputs.pop(async_output_id, None)
 
     def drop_output(self, async_output_id: str) -> None:
-        """The engine will not collect this output: the job is cancelled."""
+        """The engine will not collect this output: the job (or its batch's member) is cancelled."""
         with self.lock:
-            job = self.outputs.pop(async_output_id, None)
-            if job is not None:
-                self._cancel(job)
-                self.dispatch()
+            out = self.outputs.pop(async_output_id, None)
+            if isinstance(out, Part):
+                self._cancel_members(out.job, {out.request_id})
+            elif out is not None:
+                self._cancel(out)
+            self.dispatch()
 
     def abort(self, request_ids) -> None:
         """Stop these requests, queued or running."""
         ids = set(request_ids)
         with self.lock:
             for entry in list(self.jobs.entries.values()):
-                if entry.payload.request_id in ids:
-                    self._cancel(entry.payload)
+                job = entry.payload
+                if job.batched:
+                    self._cancel_members(job, ids & set(job.members))
+                elif job.request_id in ids:
+                    self._cancel(job)
             self.dispatch()
+
+    def _cancel_members(self, job: Job, ids: set[str]) -> None:
+        """Cancel members of a batched job (under the lock): each is answered aborted at once; the
+        batch runs on for the others (as vLLM-Omni's runner does with a partly cancelled wave) and
+        stops, like any job, once every member is cancelled."""
+        ids -= job.cancelled
+        if not ids:
+            return
+        job.cancelled |= ids
+        for part in job.parts:  # answered now; the batch's own answer skips them
+            if part.request_id in ids and not part.future.done():
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    part.future.set_result(DiffusionOutput(aborted=True, abort_message=f"Request {part.request_id} aborted."))
+        if job.cancelled >= set(job.members):
+            self._cancel(job)
+            return
+        logger.info("omni-ext: cancelled request(s) %s of batch %s; it runs on for %s", sorted(ids), job.job_id,
+                    [m for m in job.members if m not in job.cancelled])
 
     def _cancel(self, job: Job) -> None:
         """Cancel a job (under the lock). A queued one leaves the queue, and with it the ordering,
@@ -300,7 +435,9 @@ class RankQueue:
         self.jobs.finish(job.job_id, time.monotonic(), seconds=job.longest_s)
         logger.info("omni-ext: done request %s on rank(s) %s in %.2f s%s",
                     job.request_id, list(job.ranks), job.longest_s, " (error)" if is_error else "")
-        progress.record_placement("done", job.request_id, ranks=list(job.ranks), seconds=job.longest_s, error=is_error)
+        for rid in job.request_ids:
+            progress.record_placement("done", rid, ranks=list(job.ranks), seconds=job.longest_s, error=is_error,
+                                      **({"batch": list(job.members)} if job.batched else {}))
         if job.all_ranks:
             resolve(job, job.first_out if job.first_out is not None else out)
         elif job.dropped:
@@ -422,7 +559,8 @@ class RankQueue:
             cands.append(preempt.Running(
                 j.job_id, entry.ticket.priority, tuple(sorted({self.units.unit_of(r) for r in j.ranks})),
                 remaining_s=self.jobs.remaining(entry, now), deadline=entry.ticket.deadline(slo), preemptions=j.pauses,
-                preemptible=not (j.warm_up or j.dropped or j.mode is None or held & set(j.ranks)),
+                # a batch is not paused: its members' deadlines differ, and vLLM-Omni's batch path has no pause point
+                preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)),
             ))
         ticket = self.entry(head).ticket
         want = preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, ticket.deadline(slo))
@@ -486,7 +624,7 @@ class RankQueue:
         if not job.warm_up:
             # Tell the API process the job runs now. Before the ranks get it, so that the lead
             # rank's step reports (same file) always come after this.
-            progress.mark_started([job.request_id], job.steps, mode.value)
+            progress.mark_started(list(job.request_ids), job.steps, mode.value)
         job.deadline = None if limit is None else now + limit
         for r in ranks:
             self.busy[r] = job.job_id
@@ -497,14 +635,51 @@ class RankQueue:
                 logger.error("omni-ext: could not send request %s to worker %d: %s", job.request_id, r, exc)
         waited = now - entry.ticket.arrival
         logger.info(
-            "omni-ext: start request %s on rank(s) %s (%s), waited %.2f s%s%s%s",
-            job.request_id, list(ranks), "warm-up" if job.all_ranks else mode.value, waited,
+            "omni-ext: start %s on rank(s) %s (%s), waited %.2f s%s%s%s",
+            f"batch of {len(job.members)} requests {list(job.members)}" if job.batched else f"request {job.request_id}",
+            list(ranks), "warm-up" if job.all_ranks else mode.value, waited,
             "" if job.warm_up else f", priority {entry.ticket.priority}",
             f", predicted {predicted:.1f} s" if predicted is not None else "",
             f", time limit {limit:.0f} s" if limit is not None else "",
         )
-        progress.record_placement("start", job.request_id, ranks=list(ranks),
-                                  mode="warm-up" if job.all_ranks else mode.value, waited_s=waited, predicted_s=predicted)
+        for rid in job.request_ids:
+            progress.record_placement("start", rid, ranks=list(ranks), mode="warm-up" if job.all_ranks else mode.value,
+                                      waited_s=waited, predicted_s=predicted,
+                                      **({"batch": list(job.members)} if job.batched else {}))
+
+
+@dataclass
+class Part:
+    """One request of a batched job, as the engine collects it (its own async output id and future)."""
+
+    job: Job
+    index: int
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    @property
+    def request_id(self) -> str:
+        return self.job.members[self.index]
+
+
+def _split_batch(job: Job, parts: list[Part]) -> None:
+    """When a batched job is answered (a list, one output per request; or one error for all), each
+    request's future gets its own; a member cancelled meanwhile gets its abort."""
+
+    def split(fut: concurrent.futures.Future) -> None:
+        out = fut.result()
+        for part in parts:
+            if part.request_id in job.cancelled:
+                one = DiffusionOutput(aborted=True, abort_message=f"Request {part.request_id} aborted.")
+            elif isinstance(out, list):
+                one = out[part.index] if part.index < len(out) else DiffusionOutput(
+                    error=f"omni-ext: the batch returned no output for {part.request_id}")
+            else:
+                one = out
+            if not part.future.done():
+                with contextlib.suppress(concurrent.futures.InvalidStateError):
+                    part.future.set_result(one)
+
+    job.future.add_done_callback(split)
 
 
 def resolve(job: Job, out: DiffusionOutput) -> None:

@@ -26,8 +26,10 @@ the CFG all-gather, only its unit's SP collectives. ``data_parallel_size`` is th
 ``dp-world``) or ``omni_ext.data_parallel_size``.
 
 Pipes and futures. ``execute_batch`` does not block the engine: it queues each scheduled request as
-a job and returns at once with an ``async_output_id``; the engine waits on ``wait_output_ready``'s
-future outside its busy loop, so it schedules the next request at once. What happens to a job
+a job (a wave of compatible requests under ``--max-num-seqs`` as one batched job or several, as
+:mod:`omni_ext.scheduler.batching` decides) and returns at once with an ``async_output_id``; the
+engine waits on ``wait_output_ready``'s future outside its busy loop, so it schedules the next
+request at once. What happens to a job
 between the two, which job starts where and when, is the executor's :class:`RankQueue`
 (:mod:`omni_ext.executor.ranks`); this class gives it the ranks' pipes (:mod:`omni_ext.executor.protocol`)
 and one reader thread per rank that hands it their answers. A cancel reaches a running rank through
@@ -165,7 +167,7 @@ class TunedExecutor(DiffusionExecutor):
         self.ranks = RankQueue(
             self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
             send=self._post, cancel_slots=self._cancel_slots, small_warmup=device_type == "cpu", units=self.units,
-            preempt_refusal=self._preempt_refusal(),
+            preempt_refusal=self._preempt_refusal(), batch_key=self._batch_key(family),
         )
         self._lock = self.ranks.lock
         self._threads = [
@@ -196,6 +198,21 @@ class TunedExecutor(DiffusionExecutor):
         if backend not in (None, "", "none"):
             return f"cache backend {backend!r} keeps per-request state a pause cannot save"
         return None
+
+    def _batch_key(self, family) -> Any:
+        """What makes requests of one wave batchable (request batching), or None where this server
+        never batches: ``--max-num-seqs`` 1, or a family whose vLLM-Omni pipeline has no request-batch
+        forward (``families.ModelFamily.request_batch``). The key is vLLM-Omni's own: its request
+        scheduler puts only requests with equal keys into one wave."""
+        if int(getattr(self.od_config, "max_num_seqs", 1) or 1) <= 1:
+            return None
+        if family is None or not family.request_batch:
+            logger.info("omni-ext: %s has no request-batch forward; each request of a wave runs as its own job",
+                        self.model_arch)
+            return None
+        from vllm_omni.diffusion.sched.request_scheduler import build_request_batch_sampling_params_key
+
+        return build_request_batch_sampling_params_key
 
     def _launch_workers(self) -> None:
         from vllm.v1.executor.multiproc_executor import set_multiprocessing_worker_envs
@@ -268,15 +285,12 @@ class TunedExecutor(DiffusionExecutor):
         from vllm_omni.diffusion.worker.utils import BatchRunnerOutput, RunnerOutput
 
         self._ensure_alive()
-        outs = []
-        for new_req in scheduler_output.scheduled_new_reqs:
-            job = self.ranks.submit(new_req.request_id, new_req.req)
-            outs.append(
-                RunnerOutput(
-                    request_id=new_req.request_id, step_index=None, finished=True, result=None, async_output_id=job.job_id
-                )
-            )
-        return BatchRunnerOutput.from_list(outs)
+        new = scheduler_output.scheduled_new_reqs
+        out_ids = self.ranks.submit_wave([(nr.request_id, nr.req) for nr in new])
+        return BatchRunnerOutput.from_list([
+            RunnerOutput(request_id=nr.request_id, step_index=None, finished=True, result=None, async_output_id=out_id)
+            for nr, out_id in zip(new, out_ids)
+        ])
 
     def execute_step(self, scheduler_output) -> Any:
         raise NotImplementedError("omni-ext TunedExecutor does not support step execution")

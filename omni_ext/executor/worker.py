@@ -241,17 +241,41 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob, threa
     t0 = time.perf_counter()
     _reset_peak(current_omni_platform)
     try:
-        out = worker.execute_model(job.req, od_config)
+        if isinstance(job.req, list):
+            out = _run_batch(worker, job.req, od_config)
+        else:
+            out = worker.execute_model(job.req, od_config)
     except Exception as exc:
         logger.exception("omni-ext worker %d: request %s failed", rank, getattr(job.req, "request_id", job.job_id))
         out = DiffusionOutput(error=f"{type(exc).__name__}: {exc}")
         ROLE.owner, ROLE.sp_rank = True, 0  # report the error from every rank that saw it
     owner = answers_output() if pair else ROLE.sp_rank == 0
     set_role(NO_JOB)
-    if owner and isinstance(out, DiffusionOutput):
-        out.peak_memory_mb = max(float(out.peak_memory_mb or 0.0), _peak_mb(current_omni_platform))
+    if owner:
+        peak = _peak_mb(current_omni_platform)
+        for one in out if isinstance(out, list) else [out]:
+            if isinstance(one, DiffusionOutput):
+                one.peak_memory_mb = max(float(one.peak_memory_mb or 0.0), peak)
     seconds = time.perf_counter() - t0 - (thread.paused_s if thread is not None else 0.0)
     return protocol.JobDone(job.job_id, rank, out if owner else None, owner, seconds)
+
+
+def _run_batch(worker: Any, reqs: list, od_config: Any) -> list:
+    """One batched forward of several requests (request batching): vLLM-Omni's own request-batch
+    path (``execute_model_batch``, the one its executor calls for a wave of ``--max-num-seqs``), so a
+    batch computes what it computes under vLLM-Omni's executor. One output per request, in order."""
+    from vllm_omni.diffusion.sched.interface import CachedRequestData, DiffusionSchedulerOutput, NewRequestData
+
+    wave = DiffusionSchedulerOutput(
+        step_id=0, scheduled_new_reqs=[NewRequestData(request_id=r.request_id, req=r) for r in reqs],
+        scheduled_cached_reqs=CachedRequestData.make_empty(), finished_req_ids=set(),
+        num_running_reqs=len(reqs), num_waiting_reqs=0,
+    )
+    result = worker.execute_model_batch(wave, od_config)
+    outs = [ro.result for ro in result.runner_outputs]
+    if len(outs) != len(reqs):
+        raise RuntimeError(f"a batch of {len(reqs)} requests returned {len(outs)} outputs")
+    return outs
 
 
 def _reset_peak(platform: Any) -> None:

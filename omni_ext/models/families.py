@@ -50,6 +50,9 @@ class ModelFamily:
     patch size); ``latent_temporal`` frames make one latent frame (video only); ``decode_units``
     is the VAE decode's cost in denoise-step equivalents. Together they are the cost formula
     (:meth:`cost_units`).
+    ``request_batch``: ``vllm_omni_class`` runs several compatible requests in one forward
+    (vLLM-Omni's ``supports_request_batch``), so the TunedExecutor keeps a wave of ``--max-num-seqs``
+    requests together where it pays (:mod:`omni_ext.scheduler.batching`).
     """
 
     name: str
@@ -67,6 +70,7 @@ class ModelFamily:
     latent_spatial: int = 16
     latent_temporal: int = 4
     decode_units: float = 4.0
+    request_batch: bool = False
 
     @property
     def is_video(self) -> bool:
@@ -140,6 +144,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
         tuned_class="omni_ext.executor.pipelines:TunedWan22Pipeline",
         cancellable=True,
         topology="registered",
+        request_batch=True,
     ),
     ModelFamily(
         # vLLM-Omni's own Wan2.2 class names (TI2V-5B release shape); the pipeline takes an optional
@@ -153,6 +158,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
         accepts_reference=True,
         vllm_omni_class="vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
         cancellable=True,
+        request_batch=True,
     ),
     ModelFamily(
         name="wan2.x-i2v",
@@ -174,6 +180,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
         tuned_class="omni_ext.executor.pipelines:TunedQwenImagePipeline",
         cancellable=True,
         topology="omni-ext",
+        request_batch=True,
     ),
     ModelFamily(
         name="qwen-image-edit",

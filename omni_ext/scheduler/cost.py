@@ -61,6 +61,17 @@ def mode_key(shape_key: str, mode: str) -> str:
     return f"{shape_key}:{mode}"
 
 
+#: What a batched job's class adds to its shape class (:func:`batch_key`).
+BATCH_SEP = "|batch"
+
+
+def batch_key(shape_key: str, size: int) -> str:
+    """The class of one batched forward of ``size`` requests of one shape class (request batching,
+    :mod:`omni_ext.scheduler.batching`): a batch is learned per shape and batch size, since a batch of
+    ``k`` costs anything between one request (a card with spare width) and ``k`` (a busy CPU)."""
+    return shape_key if size <= 1 else f"{shape_key}{BATCH_SEP}{size}"
+
+
 def _split(key: str | None) -> tuple[str, str] | None:
     if key is None:
         return None
@@ -111,7 +122,8 @@ class CostModel:
 
     def rate(self, key: str | None = None, mode: str | None = None) -> float | None:
         """Seconds per unit for ``key`` (in ``mode``): its class; for a class with a run mode not
-        measured yet, the other mode of its shape, else the mode over all shapes, else the other mode
+        measured yet, the other mode of its shape (for a batch size not measured yet, its unbatched
+        shape class's rate), else the mode over all shapes, else the other mode
         over all shapes (each converted by :meth:`mode_ratio`); else all classes; else the seed."""
         if key is not None and mode:
             key = mode_key(key, mode)
@@ -123,6 +135,8 @@ class CostModel:
             other = next(m for m in MODES if m != mode)
             if mode_key(shape, other) in self.by_shape:
                 return self.by_shape[mode_key(shape, other)] * self.mode_ratio(mode, other)
+            if BATCH_SEP in shape:  # a batch size not measured yet: its shape's rate, k times one request
+                return self.rate(mode_key(shape.split(BATCH_SEP)[0], mode))
             if mode in self.by_mode:
                 return self.by_mode[mode]
             if other in self.by_mode:
