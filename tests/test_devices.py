@@ -165,3 +165,18 @@ def test_replica_affinity_gives_each_card_its_own_cores() -> None:
     user = {"ASCEND_RT_VISIBLE_DEVICES": "3", "CPU_AFFINITY_CONF": "1,npu0:0-1"}
     assert "CPU_AFFINITY_CONF" not in ascend_worker_env(user, num_groups=1, group_size=1, total_cards=4,
                                                         allowed_cores=range(16))
+
+
+@pytest.mark.server
+@pytest.mark.own_servers("qwen-image", {"step-execution": (["--distributed-executor-backend", TUNED, "--step-execution"], {})},
+                         ready=False)
+def test_step_execution_refused_at_start_with_the_alternative(own) -> None:
+    """vLLM-Omni's step execution hands the executor one denoise step of many requests at a time; the
+    TunedExecutor runs whole requests (and pauses them at a step itself), so it stops at start-up naming
+    the flag and the alternative rather than failing the first request."""
+    proc = own["step-execution"]
+    proc.proc.wait(timeout=300)
+    assert proc.proc.returncode != 0
+    log = proc.log_text()
+    assert "omni-ext TunedExecutor: drop --step-execution" in log, proc.log_tail()
+    assert "serve with vLLM-Omni's own executor" in log
