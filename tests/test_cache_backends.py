@@ -17,8 +17,12 @@ save: ``omni_ext.executor.tuned.TunedExecutor._preempt_refusal``).
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
+from omni_ext.scheduler.cost import CACHE_SPEEDUP
 from tests.helpers import png_from, image_gen, video_sync
 
 TUNED = "omni_ext.executor.TunedExecutor"
@@ -26,8 +30,13 @@ TUNED = "omni_ext.executor.TunedExecutor"
 STEPS = 16
 
 
-def _pair(args: list[str]) -> dict:
-    return {"stock": (args, {}), "tuned": ([*args, "--distributed-executor-backend", TUNED], {})}
+#: The tuned Qwen-Image servers' cost seed, as a preset (measured without a cache) would write it.
+SEED = {"omni_ext": {"scheduler": {"seconds_per_unit": 0.002}}}
+
+
+def _pair(args: list[str], seed: bool = False) -> dict:
+    extra = ["--additional-config", json.dumps(SEED)] if seed else []
+    return {"stock": (args, {}), "tuned": ([*args, "--distributed-executor-backend", TUNED, *extra], {})}
 
 
 @pytest.mark.server
@@ -46,13 +55,18 @@ def test_cache_dit_on_a_wan_cfg_pair_is_byte_identical_to_vllm_omnis_executor(ow
 @pytest.mark.server
 @pytest.mark.parametrize("applied", [
     pytest.param("Cache-dit enabled successfully on", id="cache_dit",
-                 marks=pytest.mark.own_servers("qwen-image", _pair(["--cache-backend", "cache_dit"]))),
+                 marks=pytest.mark.own_servers("qwen-image", _pair(["--cache-backend", "cache_dit"], seed=True))),
     pytest.param("TeaCache", id="tea_cache",
-                 marks=pytest.mark.own_servers("qwen-image", _pair(["--cache-backend", "tea_cache"]))),
+                 marks=pytest.mark.own_servers("qwen-image", _pair(["--cache-backend", "tea_cache"], seed=True))),
 ])
-def test_qwen_image_cache_backends_are_byte_identical_to_vllm_omnis_executor(own, applied: str) -> None:
+def test_qwen_image_cache_backends_are_byte_identical_to_vllm_omnis_executor(own, applied: str, request) -> None:
     stock, tuned = own["stock"], own["tuned"]
     for server in (stock, tuned):
         assert applied in server.log_text(), server.log_tail()
+    # a cached run costs less: the seed the scheduler starts from is the preset's over the backend's speed-up
+    backend = request.node.callspec.id
+    seed = SEED["omni_ext"]["scheduler"]["seconds_per_unit"] / CACHE_SPEEDUP[backend]
+    shown = re.search(rf"seed ([\d.e-]+) s/unit \(for cache backend {backend}\)", tuned.log_text())
+    assert shown and float(shown.group(1)) == pytest.approx(seed), tuned.log_tail()
     body = {"size": "32x32", "num_inference_steps": STEPS, "seed": 9}
     assert png_from(image_gen(tuned, **body)) == png_from(image_gen(stock, **body))

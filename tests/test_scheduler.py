@@ -424,3 +424,18 @@ def test_an_idle_layout_waits_for_the_burst_then_orders_it_longest_first() -> No
     assert placed([short], {1}, CFG1_DP2, now=10.0, settle_s=0.05) == [("short", (1,), "single")]  # busy: no wait
     warm = Job("warm", JobNeeds(ALL, arrival=10.0))
     assert placed([warm], {0, 1}, CFG1_DP2, now=10.0, settle_s=0.05) == [("warm", (0, 1), "single")]
+
+
+def test_a_cache_backend_scales_the_cost_seed() -> None:
+    """A preset's seed is measured without a cache; under ``--cache-backend`` a run costs less, so the
+    seed is divided by the backend's published speed-up (an unknown backend: unchanged)."""
+    from omni_ext.scheduler.config import scheduler_config
+    from omni_ext.scheduler.cost import CACHE_SPEEDUP
+
+    extra = {"omni_ext": {"scheduler": {"seconds_per_unit": 0.002}}}
+    assert scheduler_config(extra).seconds_per_unit == 0.002
+    assert scheduler_config(extra, "none").seconds_per_unit == 0.002
+    assert scheduler_config(extra, "cache_dit").seconds_per_unit == pytest.approx(0.002 / CACHE_SPEEDUP["cache_dit"])
+    assert scheduler_config(extra, "tea_cache").seconds_per_unit < scheduler_config(extra, "cache_dit").seconds_per_unit
+    assert scheduler_config(extra, "mag_cache").seconds_per_unit == 0.002
+    assert scheduler_config({}, "cache_dit").seconds_per_unit is None

@@ -188,7 +188,7 @@ def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: st
     times the queue reads."""
     layout = server_layout(args, getattr(app_state, "stage_configs", None))
     try:
-        config = scheduler_config(layout.additional_config)
+        config = scheduler_config(layout.additional_config, getattr(args, "cache_backend", None))
     except ValueError as exc:
         raise ValueError(f"omni-ext: invalid --additional-config: {exc}") from None
     replicas: dict[str, Any] = {}
@@ -198,8 +198,10 @@ def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: st
     queue = RequestQueue(config, layout.slots(config.cfg_mode, limits.pipeline), tuned=layout.tuned, model=model_name,
                          max_jobs=max_jobs, cfg_size=layout.cfg, cfg_mode=layout.cfg_mode(config.cfg_mode, limits.pipeline),
                          **replicas)
-    logger.info("omni-ext scheduler (API): %d slot(s) (%s executor), max_wait_s=%g, seed %s s/unit%s", queue.slots,
+    backend = getattr(args, "cache_backend", None)
+    logger.info("omni-ext scheduler (API): %d slot(s) (%s executor), max_wait_s=%g, seed %s s/unit%s%s", queue.slots,
                 "TunedExecutor" if layout.tuned else "vLLM-Omni's", config.max_wait_s, config.seconds_per_unit,
+                f" (for cache backend {backend})" if backend not in (None, "", "none") else "",
                 "" if layout.tuned else "; priorities are not applied by vLLM-Omni's executor (first come, first served)")
     return queue
 

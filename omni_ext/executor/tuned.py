@@ -109,7 +109,7 @@ class TunedExecutor(DiffusionExecutor):
         self.units = placement.Units(int(getattr(pc, "sequence_parallel_size", 1) or 1))
         additional = getattr(cfg, "additional_config", None)
         try:
-            self.sched = scheduler_config(additional)
+            self.sched = scheduler_config(additional, getattr(cfg, "cache_backend", None))
         except ValueError as exc:
             raise ValueError(f"omni-ext TunedExecutor: {exc}") from None
         # The registered patch dp-world has already made omni-ext's data_parallel_size the stage's

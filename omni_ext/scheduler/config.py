@@ -7,7 +7,7 @@ scheduler section lists the same table.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from typing import Any, Literal
 
@@ -131,9 +131,10 @@ def omni_ext_section(additional_config: Any) -> dict[str, Any]:
     return section if isinstance(section, dict) else {}
 
 
-def scheduler_config(additional_config: Any) -> SchedulerConfig:
+def scheduler_config(additional_config: Any, cache_backend: str | None = None) -> SchedulerConfig:
     """:class:`SchedulerConfig` from ``additional_config``; a clear ``ValueError`` for an unknown
-    key or a value of the wrong type, so a typo fails at start-up, not silently."""
+    key or a value of the wrong type, so a typo fails at start-up, not silently. ``cache_backend``:
+    the server's ``--cache-backend``, which scales the cost seed (:func:`~omni_ext.scheduler.cost.cached_seed`)."""
     section = omni_ext_section(additional_config).get("scheduler") or {}
     if not isinstance(section, dict):
         raise ValueError("omni_ext.scheduler must be a JSON object")
@@ -148,4 +149,9 @@ def scheduler_config(additional_config: Any) -> SchedulerConfig:
                 raise ValueError(f"omni_ext.scheduler.{key} must be a number, got {value!r}")
             value = float(value)
         values[key] = value
-    return SchedulerConfig(**values)
+    config = SchedulerConfig(**values)
+    if cache_backend and config.seconds_per_unit is not None:
+        from omni_ext.scheduler.cost import cached_seed
+
+        config = replace(config, seconds_per_unit=cached_seed(config.seconds_per_unit, cache_backend))
+    return config
