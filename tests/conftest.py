@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from omni_ext.server_process import ServeProcess
-from tests.helpers import DRILL_ARGS, DRILL_ENV, START_TIMEOUT_S, own_servers, prestart, stop_prestarted
+from tests.helpers import (AHEAD_BUILDERS, DRILL_ARGS, DRILL_ENV, START_TIMEOUT_S, build_ahead, own_servers, prestart,
+                           stop_prestarted)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -202,8 +203,10 @@ def _start_next_ahead(item: pytest.Item) -> None:
         return
     models, tmp_path_factory = item.config.stash[_MODELS]
     index = items.index(item)
-    marker = items[index + 1].get_closest_marker("own_servers") if index + 1 < len(items) else None
-    if marker is None:
+    nxt = items[index + 1] if index + 1 < len(items) else None
+    marker = nxt.get_closest_marker("own_servers") if nxt is not None else None
+    built = [f for f in getattr(nxt, "fixturenames", ()) if f in AHEAD_BUILDERS]
+    if marker is None and not built:
         return
     import psutil
 
@@ -211,7 +214,10 @@ def _start_next_ahead(item: pytest.Item) -> None:
     if available < AHEAD_MIN_AVAILABLE_GIB:
         print(f"\n[servers] not starting {items[index + 1].name}'s servers ahead: {available:.1f} GiB available")
         return
-    prestart(*_declared(marker, models), workdir=tmp_path_factory.mktemp("ahead"))
+    if marker is not None:
+        prestart(*_declared(marker, models), workdir=tmp_path_factory.mktemp("ahead"))
+    for fixture in built:  # a fixture's servers (tests.helpers.AHEAD_BUILDERS), e.g. the multi-machine ones
+        build_ahead(fixture, models, tmp_path_factory.mktemp(f"ahead-{fixture}"))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

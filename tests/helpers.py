@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import requests
@@ -293,10 +294,29 @@ def prestart(model: Path, specs: dict[str, tuple[list[str], dict[str, str]]], de
             _AHEAD[key] = _launch(model, workdir, name, args, env, deploy)
 
 
+#: Fixtures whose servers can be started ahead like ``own_servers`` ones: fixture name -> a function of
+#: (tiny models, work directory) that starts them (not waiting) and returns an object with ``stop()``.
+AHEAD_BUILDERS: dict[str, Any] = {}
+_AHEAD_BUILT: dict[str, Any] = {}
+
+
+def build_ahead(fixture: str, models: dict[str, Path], workdir: Path) -> None:
+    """Start the servers of ``fixture`` now (its test is next); :func:`take_ahead` hands them over."""
+    if fixture not in _AHEAD_BUILT:
+        _AHEAD_BUILT[fixture] = AHEAD_BUILDERS[fixture](models, workdir)
+
+
+def take_ahead(fixture: str) -> Any:
+    """The servers :func:`build_ahead` started for ``fixture``, or None."""
+    return _AHEAD_BUILT.pop(fixture, None)
+
+
 def stop_prestarted() -> None:
     """Stop servers started ahead whose test never asked for them (it was deselected or skipped)."""
     while _AHEAD:
         _AHEAD.popitem()[1].stop()
+    while _AHEAD_BUILT:
+        _AHEAD_BUILT.popitem()[1].stop()
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from tests.helpers import events_mark, options_for, placements
-from tests.helpers import REPLICAS2_DEPLOY
+from tests.helpers import AHEAD_BUILDERS, REPLICAS2_DEPLOY, take_ahead
 from tests.media import decode_mp4, decode_png
 
 TUNED = "omni_ext.executor.TunedExecutor"
@@ -318,30 +318,46 @@ def test_two_replicas_in_one_server_share_a_burst_and_survive_losing_one(own) ->
 
 
 # ---- multi-machine mode on loopback --------------------------------------------------------------------
-@pytest.mark.server
-def test_multihost_images_through_the_head(tiny_models, tmp_path: Path) -> None:
+def _image_hosts(models: dict[str, Path], tmp: Path):
+    """Tiny Qwen-Image in multi-machine mode: a head and one headless replica (started, not waited for)."""
+    from omni_ext.server_process import MultiHostServer
+
+    return MultiHostServer(str(models["qwen-image"]), replicas=1,
+                           args=["--enforce-eager", "--distributed-executor-backend", TUNED], env={"OMP_NUM_THREADS": "1"},
+                           head_env={"OMNI_EXT_API_DATA_DIR": str(tmp / "api"),
+                                     "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp / "storage")}, log_dir=tmp).start()
+
+
+AHEAD_BUILDERS["image_hosts"] = _image_hosts
+
+
+@pytest.fixture
+def image_hosts(tiny_models, tmp_path_factory) -> Iterator:
     import os
 
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
         pytest.skip("OMNI_EXT_NO_SERVERS=1")
-    from omni_ext.server_process import MultiHostServer
+    mh = take_ahead("image_hosts") or _image_hosts(tiny_models, tmp_path_factory.mktemp("image-hosts"))
+    try:
+        yield mh.wait_ready(600)
+    finally:
+        mh.stop()
 
-    mh = MultiHostServer(str(tiny_models["qwen-image"]), replicas=1,
-                         args=["--enforce-eager", "--distributed-executor-backend", TUNED], env={"OMP_NUM_THREADS": "1"},
-                         head_env={"OMNI_EXT_API_DATA_DIR": str(tmp_path / "api"),
-                                   "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp_path / "storage")}, log_dir=tmp_path)
-    with mh:
-        client = sdk(mh.url)
 
-        def one(i: int) -> bytes:
-            out = client.images.generate(prompt=f"a lighthouse {i}", size="64x64",
-                                         extra_body={"num_inference_steps": 4, "seed": i})
-            return base64.b64decode(out.data[0].b64_json)
+@pytest.mark.server
+def test_multihost_images_through_the_head(image_hosts) -> None:
+    mh = image_hosts
+    client = sdk(mh.url)
 
-        with ThreadPoolExecutor(4) as ex:
-            pngs = list(ex.map(one, range(4)))
-        assert all(decode_png(p).shape[:2] == (64, 64) for p in pngs)
-        assert {r for _, r in dispatches(mh.head)} == {0, 1}
+    def one(i: int) -> bytes:
+        out = client.images.generate(prompt=f"a lighthouse {i}", size="64x64",
+                                     extra_body={"num_inference_steps": 4, "seed": i})
+        return base64.b64decode(out.data[0].b64_json)
+
+    with ThreadPoolExecutor(4) as ex:
+        pngs = list(ex.map(one, range(4)))
+    assert all(decode_png(p).shape[:2] == (64, 64) for p in pngs)
+    assert {r for _, r in dispatches(mh.head)} == {0, 1}
 
 
 #: The cpu two-host preset whose rendered commands the multi-machine Wan servers run.
@@ -349,22 +365,18 @@ TWO_HOST_PRESET = "wan2.1-t2v-tiny.cpu.2x1.throughput"
 _MASTER_FLAGS = ("--stage-id", "--omni-master-address", "--omni-master-port")
 
 
-@pytest.fixture
-def multihost(tiny_models, tmp_path_factory) -> Iterator:
+def _two_hosts(tiny_models: dict[str, Path], tmp: Path):
     """The cpu two-host preset's commands as ``omni-ext presets render`` gives them (tiny Wan, the
     TunedExecutor through its deploy YAML): the head, with its own replica, and the replica command
     run twice, as on two replica hosts, for one test: it kills and restarts one. Plus ``--dtype
-    float32`` (the test's job sizes assume it) and the head's short heartbeat time-out."""
-    import os
+    float32`` (the test's job sizes assume it) and the head's short heartbeat time-out. Started, not
+    waited for."""
     from dataclasses import replace
 
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1")
     from omni_ext.presets import load_catalog
     from omni_ext.presets.render import format_rendered, render
     from omni_ext.server_process import MultiHostServer
 
-    tmp = tmp_path_factory.mktemp("multihost")
     preset = load_catalog()[TWO_HOST_PRESET]
     head, replica = (render(preset, replace(options_for(preset, tiny_models, role), master_port=1))
                      for role in ("head", "replica"))
@@ -383,8 +395,21 @@ def multihost(tiny_models, tmp_path_factory) -> Iterator:
                          env={**head.env, "OMP_NUM_THREADS": "1"}, head_args=["--omni-heartbeat-timeout", str(HEARTBEAT_S)],
                          head_env={"OMNI_EXT_API_DATA_DIR": str(tmp / "api"),
                                    "VLLM_OMNI_SERVER_STORAGE__PATH": str(tmp / "storage")}, log_dir=tmp)
+    return mh.start()
+
+
+AHEAD_BUILDERS["multihost"] = _two_hosts
+
+
+@pytest.fixture
+def multihost(tiny_models, tmp_path_factory) -> Iterator:
+    import os
+
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1")
+    mh = take_ahead("multihost") or _two_hosts(tiny_models, tmp_path_factory.mktemp("multihost"))
     try:
-        yield mh.start().wait_ready(600)
+        yield mh.wait_ready(600)
     finally:
         mh.stop()
 
