@@ -241,6 +241,22 @@ def test_the_tuned_executor_is_selected_wherever_it_applies_and_nowhere_else() -
     assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.cuda.x2.latency"])
 
 
+def test_presets_list_shows_the_executor_of_every_preset(capsys) -> None:
+    """``omni-ext presets list``: omni-ext's TunedExecutor on every preset but the documented exceptions."""
+    from omni_ext.cli import main
+
+    assert main(["presets", "list"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:] if line.split() and line.split()[0] in CATALOG}
+    assert len(rows) == len(CATALOG)
+    assert {name for name, ex in rows.items() if ex == "vLLM-Omni"} == {n for n, p in CATALOG.items() if p.executor is None}
+    assert set(rows.values()) == {"omni-ext", "vLLM-Omni"}
+    assert f"62 of {len(CATALOG)} presets run omni-ext's TunedExecutor" in out
+    assert main(["presets", "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {p["name"]: p["executor"] for p in listed} == rows
+
+
 def test_the_tuned_executor_where_it_would_refuse_to_start_is_an_error() -> None:
     tp = CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"].replace(executor=TUNED_EXECUTOR)
     assert any("would refuse to start: it refuses tensor parallel" in e for e in errors(tp))

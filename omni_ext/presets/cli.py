@@ -60,16 +60,27 @@ def _cmd_list(args: argparse.Namespace) -> int:
             if (not args.model or p.model == args.model) and (not args.device or p.device == args.device)]
     if args.json:
         print(json.dumps([{"name": p.name, "model": p.model, "device": p.device, "count": p.count, "hosts": p.hosts,
-                           "objective": p.objective, "topology": p.topology.as_dict(),
+                           "objective": p.objective, "topology": p.topology.as_dict(), "executor": _executor(p),
                            "launch_script": p.launch_script} for p in rows], indent=2))
         return 0
     width = max((len(p.name) for p in rows), default=10)
-    print(f"{'NAME':<{width}}  {'DEVICES':>7}  TOPOLOGY")
+    print(f"{'NAME':<{width}}  {'DEVICES':>7}  {'EXECUTOR':<10}  TOPOLOGY")
     for p in rows:
         devices = f"{p.hosts}x{p.count}" if p.multi_host else str(p.count)
         per_host = " per host" if p.multi_host else ""
-        print(f"{p.name:<{width}}  {devices:>7}  {p.topology.describe()}{per_host}")
+        print(f"{p.name:<{width}}  {devices:>7}  {_executor(p):<10}  {p.topology.describe()}{per_host}")
+    tuned = sum(_executor(p) == "omni-ext" for p in rows)
+    if tuned < len(rows):
+        print(f"\n{tuned} of {len(rows)} presets run omni-ext's TunedExecutor; the others vLLM-Omni's own executor "
+              "(`omni-ext presets show NAME`: its first note says why)")
     return 0
+
+
+def _executor(preset) -> str:
+    """Which executor a preset runs: omni-ext's TunedExecutor, or vLLM-Omni's own."""
+    from omni_ext.presets.validate import TUNED_EXECUTOR
+
+    return "omni-ext" if preset.executor == TUNED_EXECUTOR else "vLLM-Omni"
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
