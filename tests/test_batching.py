@@ -66,17 +66,17 @@ def test_a_batch_size_not_measured_is_predicted_from_its_shape() -> None:
     assert mode_key(batch_key("img:32", 1), "pair") == "img:32:pair"
 
 
-def _queue(world: int):
+def _queue(world: int, **kwargs):
     from omni_ext.executor.ranks import RankQueue
     from omni_ext.executor.role import board_size
     from omni_ext.scheduler.config import SchedulerConfig
     from omni_ext.scheduler.placement import Layout
 
-    sched = SchedulerConfig(settle_s=0)
+    sched = SchedulerConfig(settle_s=kwargs.pop("settle_s", 0))
     sent: list = []
     rq = RankQueue(Layout.regular(world, 1), sched, model_arch="QwenImagePipeline", tuned_model=True,
                    cfg_mode=sched.cfg_mode, send=lambda rank, msg: sent.append((rank, msg)),
-                   cancel_slots=[0] * board_size(world), batch_key=lambda req: (req.sampling_params.width,))
+                   cancel_slots=[0] * board_size(world), batch_key=lambda req: (req.sampling_params.width,), **kwargs)
     return rq, sent
 
 
@@ -116,6 +116,17 @@ def test_a_batch_cancelled_whole_stops_like_one_job() -> None:
     rq.abort(["a", "b"])
     assert rq.cancel_slots[0] == run.seq  # its rank stops at the next step
     assert all(rq.take_output(i).future.result(0).aborted for i in out_ids)
+
+
+def test_a_wave_the_engine_gathered_does_not_settle_again() -> None:
+    """Placement's settle (rule 5) lets a burst arrive before an idle executor places it; vLLM-Omni's
+    request scheduler has gathered the wave already when it batches (``--request-batch-max-wait-ms``)."""
+    from omni_ext.executor import protocol
+
+    for engine_settles, started in ((False, 0), (True, 1)):
+        rq, sent = _queue(world=1, settle_s=5.0, engine_settles=engine_settles)
+        rq.submit_wave([("a", _req("a")), ("b", _req("b"))])
+        assert len([m for _, m in sent if isinstance(m, protocol.RunJob)]) == started
 
 
 # ---- real servers -------------------------------------------------------------------------------------

@@ -172,6 +172,17 @@ def add_subcommands(sub) -> None:
                     "short, loads 0.5,0.7,0.9 of the measured capacity, 150 s of arrivals each (~40 min on 2 cores). "
                     "--quick: 32x32, 5x2 and 17x6, load 0.7, 20 s.")
     _module_command(
+        bsub, "batching", "batching",
+        help="a burst of concurrent images under --max-num-seqs: TunedExecutor vs vLLM-Omni's executor (goal: "
+             "throughput >= stock's), beside unbatched stock and the bare host ceiling",
+        description="Three servers of the tiny Qwen-Image on one worker, each started, measured and stopped in "
+                    "turn: stock-b1 (vLLM-Omni's executor, --max-num-seqs 1), stock-b4 (--max-num-seqs 4 "
+                    "--request-batch-max-wait-ms 200) and tuned-b4 (the same with the TunedExecutor). Each: a "
+                    "warm-up, then --rounds bursts of --requests concurrent CFG images (median throughput); the "
+                    "batch sizes from the server logs; then the bare ceiling, one DiffusionWorker without a "
+                    "server, one at a time vs in chunks. Defaults: 64x64, 8 steps, \"med\" model, 16 requests, 3 "
+                    "rounds. --quick: 32x32, 2 steps, \"tiny\" model, 8 requests, 1 round.")
+    _module_command(
         bsub, "api-poll", "api_poll",
         help="status-poll latency while videos finish: vLLM-Omni's routes vs omni-ext's (p99 goal < 100 ms)",
         description="Starts the tiny Wan model twice, one after the other (vLLM-Omni's routes: "

@@ -120,14 +120,17 @@ class RankQueue:
     group and its warm-up is an ordinary request); ``cfg_mode``: the scheduler's, as it applies to
     this model; ``small_warmup``: the warm-up runs at a small size (a CPU host); ``units``: the
     worker processes of each of ``layout``'s ranks (sequence parallel); ``preempt_refusal``: why
-    this executor's jobs cannot be paused (None: they can, when the scheduler's ``preempt`` is on).
+    this executor's jobs cannot be paused (None: they can, when the scheduler's ``preempt`` is on);
+    ``batch_key``: requests of one wave with equal keys may run as one batch (request batching, None:
+    never); ``engine_settles``: vLLM-Omni's scheduler gathers a burst before handing it over, so no job
+    settles again here (placement rule 5).
     """
 
     def __init__(
         self, layout: Layout, sched: SchedulerConfig, *, model_arch: str | None, tuned_model: bool, cfg_mode: CfgMode,
         send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int], small_warmup: bool = False,
         units: placement.Units = placement.Units(), preempt_refusal: str | None = None,
-        batch_key: Callable[[Any], Hashable] | None = None,
+        batch_key: Callable[[Any], Hashable] | None = None, engine_settles: bool = False,
     ) -> None:
         self.layout, self.sched, self.cfg_mode, self.units = layout, sched, cfg_mode, units
         self.cfg_size = len(layout.groups[0]) if layout.groups else 1
@@ -145,6 +148,9 @@ class RankQueue:
             logger.info("omni-ext: step-level preemption is off: %s", preempt_refusal)
         self.preemptions: dict[str, int] = {r: 0 for r in preempt.REASONS}
         self.batch_key = batch_key  # requests of a wave with equal keys may run as one batch (None: never)
+        # vLLM-Omni's request scheduler gathers a burst itself before it hands a wave over
+        # (--request-batch-max-wait-ms): placement's settle (rule 5) would only wait a second time.
+        self.settled_s = sched.settle_s if engine_settles else 0.0
 
     @property
     def costs(self) -> CostModel:
@@ -164,7 +170,7 @@ class RankQueue:
         mode = JobMode.for_request(needs_cfg=rc.cfg, group_size=self.cfg_size, warm_up=warm_up and self.tuned_model)
         seq = self.next_id()
         arrival = time.monotonic() - request_waited_s(sp)  # a job bound by the head waited there first
-        job = Job(f"omx-{seq}", request_id, req, JobNeeds(mode, rc.units, arrival=arrival), shape=rc.key,
+        job = Job(f"omx-{seq}", request_id, req, JobNeeds(mode, rc.units, arrival=arrival - self.settled_s), shape=rc.key,
                   steps=rc.steps, seq=seq)
         if job.all_ranks and self.small_warmup:
             job.req = _small_warmup(req)
@@ -259,7 +265,8 @@ class RankQueue:
         now = time.monotonic()
         arrival = min(now - request_waited_s(sp) for sp in sps)
         units = rc.units * len(items)
-        job = Job(f"omx-{seq}", f"{members[0]}+{len(members) - 1}", reqs, JobNeeds(mode, units, arrival=arrival),
+        job = Job(f"omx-{seq}", f"{members[0]}+{len(members) - 1}", reqs,
+                  JobNeeds(mode, units, arrival=arrival - self.settled_s),
                   shape=cost.batch_key(rc.key, len(items)), steps=rc.steps, seq=seq, members=members)
         priority = min(request_priority(rid, sp) for rid, sp in zip(members, sps))
         deadlines = [d for rid, sp in zip(members, sps) if (d := request_deadline_s(rid, sp)) is not None]

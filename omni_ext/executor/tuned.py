@@ -168,6 +168,8 @@ class TunedExecutor(DiffusionExecutor):
             self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
             send=self._post, cancel_slots=self._cancel_slots, small_warmup=device_type == "cpu", units=self.units,
             preempt_refusal=self._preempt_refusal(), batch_key=self._batch_key(family),
+            engine_settles=int(getattr(cfg, "max_num_seqs", 1) or 1) > 1
+            and float(getattr(cfg, "request_batch_max_wait_ms", 0) or 0) > 0,
         )
         self._lock = self.ranks.lock
         self._threads = [
