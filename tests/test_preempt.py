@@ -64,8 +64,12 @@ def test_a_job_about_to_miss_its_deadline_preempts_one_with_slack() -> None:
     assert choose(head, [Running("l", 0, (0,), remaining_s=3.0, deadline=100.0)], [], one, now=0.0) is None
     # the running job has no slack for it: no pause
     assert choose(head, [Running("l", 0, (0,), remaining_s=20.0, deadline=21.0)], [], one, now=0.0) is None
-    # it misses its deadline even if it started now: no pause
-    assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 8.0, 6.0), [long_], [], one, now=0.0) is None
+    # it misses its deadline even if it started now: still let out, late by its run instead of the long job's
+    late = choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 8.0, 6.0), [long_], [], one, now=0.0)
+    assert late.victim == "l" and "2.0 s even if it starts now" in late.detail
+    # ... but never at the victim's deadline
+    assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 8.0, 6.0), [Running("l", 0, (0,), remaining_s=20.0,
+                  deadline=27.0)], [], one, now=0.0) is None
     # not between jobs of similar length: a pause would only swap who waits
     assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), 0, 4.0, 9.0),
                   [Running("l", 0, (0,), remaining_s=7.0, deadline=100.0)], [], one, now=0.0) is None

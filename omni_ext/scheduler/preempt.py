@@ -14,12 +14,15 @@ Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions
    priority, then the one with the most time left. Requested priority, not aged: aging orders the
    queue, it never pauses a running job of the same class.
 2. ``deadline``: the head would miss its deadline waiting for the first running job it fits after
-   (``now + wait + predicted > deadline``), could still meet it if it started now, and a running job
-   of the same or worse priority has the slack to wait for it (it still meets its own deadline
-   after the head's predicted run) and holds its ranks for at least :data:`MIN_GAIN` times the
-   head's predicted time: the one with the most slack pauses. The last condition is what a pause
-   buys: a short job out from behind a long one. Between jobs of similar length (a burst of one
-   shape) a pause would only swap who waits, at the cost of a pause, so it is not made.
+   (``now + wait + predicted > deadline``), and a running job of the same or worse priority has the
+   slack to wait for it (it still meets its own deadline after the head's predicted run) and holds
+   its ranks for at least :data:`MIN_GAIN` times the head's predicted time: the one with the most
+   slack pauses. The last condition is what a pause buys: a short job out from behind a long one.
+   Between jobs of similar length (a burst of one shape) a pause would only swap who waits, at the
+   cost of a pause, so it is not made. A head that misses its deadline even if it started now (it
+   waited too long already, or its deadline is tight) is still let out: the victim keeps its own
+   deadline, so no deadline is lost, and the head is late by its run instead of by a long job's
+   (the tail of the short requests' slowdown is what a stream's users see).
 
 A victim must free ranks on which the head can start (placement's rules,
 :func:`~omni_ext.scheduler.placement.next_placements`, on the free ranks plus the victim's).
@@ -110,8 +113,8 @@ def choose(head: Waiting, running: Sequence[Running], free_units: Iterable[int],
     if head.deadline is None or head.predicted_s is None:
         return None
     wait = min((left(r) for r in fitting), default=math.inf)
-    if now + wait + head.predicted_s <= head.deadline or now + head.predicted_s > head.deadline:
-        return None  # it meets its deadline by waiting, or misses it anyway
+    if now + wait + head.predicted_s <= head.deadline:
+        return None  # it meets its deadline by waiting
     slack = {r.id: r.deadline - (now + r.remaining_s + head.predicted_s) for r in allowed
              if r.priority >= head.priority and r.deadline is not None and r.remaining_s is not None
              and r.remaining_s >= MIN_GAIN * head.predicted_s}
@@ -119,6 +122,8 @@ def choose(head: Waiting, running: Sequence[Running], free_units: Iterable[int],
     if not slack:
         return None
     victim_id = max(slack, key=lambda k: (slack[k], k))
+    late_now = now + head.predicted_s - head.deadline
     return Preemption(victim_id, head.id, "deadline",
-                      f"it would miss its deadline by {now + wait + head.predicted_s - head.deadline:.1f} s waiting; "
-                      f"the paused job keeps {slack[victim_id]:.1f} s of slack")
+                      f"it would miss its deadline by {now + wait + head.predicted_s - head.deadline:.1f} s waiting"
+                      + (f" ({late_now:.1f} s even if it starts now)" if late_now > 0 else "")
+                      + f"; the paused job keeps {slack[victim_id]:.1f} s of slack")
