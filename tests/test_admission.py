@@ -584,7 +584,7 @@ PROMISE_S = SCHED_MAX_WAIT_S * 1.25 + 1.0
 
 def test_a_burst_after_a_paired_warm_up_keeps_the_admission_promise(server_pool) -> None:
     """One video alone (it runs as a CFG pair: the only time this shape class was measured), then a
-    burst of 32 at once: the jobs of the burst run as single ranks (adaptive), each slower than the
+    burst of 64 at once: the jobs of the burst run as single ranks (adaptive), each slower than the
     pair, while the API takes the burst's requests. Every admitted job must start within
     ``max_wait_s`` x 1.25 + 1 s of its request, and the burst must be at least 3x what was admitted."""
     server = server_pool.get("wan-sched", quiet=True)
@@ -593,15 +593,16 @@ def test_a_burst_after_a_paired_warm_up_keeps_the_admission_promise(server_pool)
     warm = requests.post(server.url + "/v1/videos/sync", json=job, timeout=120)
     assert warm.status_code == 200, warm.text[:300]
     mark = time.time()
-    barrier = threading.Barrier(32)
+    burst = 64  # at least 3x what is admitted (16 of 32 were on a quiet host)
+    barrier = threading.Barrier(burst)
 
     def send(i: int) -> tuple[float, requests.Response]:
         barrier.wait()
         sent = time.time()
         return sent, requests.post(server.url + "/v1/videos", json={**job, "seed": 100 + i}, timeout=60)
 
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        answers = list(pool.map(send, range(32)))
+    with concurrent.futures.ThreadPoolExecutor(burst) as pool:
+        answers = list(pool.map(send, range(burst)))
     assert {r.status_code for _, r in answers} <= {200, 429}, [r.text[:200] for _, r in answers]
     admitted = {r.json()["id"]: (sent, r.json()) for sent, r in answers if r.status_code == 200}
     done = wait_all(server, list(admitted))

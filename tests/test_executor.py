@@ -84,12 +84,15 @@ def test_ascend_aiv_expansion_only_where_valid(environ, groups, size, nodes) -> 
     assert env["TASK_QUEUE_ENABLE"] == "2"
 
 
-@pytest.mark.parametrize("groups,cfg,sp,aiv", [(1, 1, 4, True), (1, 2, 1, True), (1, 2, 2, False), (2, 1, 2, False)],
-                         ids=["one-sp-group", "one-cfg-group", "cfg-x-sp-concurrent-domains", "two-sp-groups"])
-def test_ascend_aiv_expansion_under_sequence_parallel(groups, cfg, sp, aiv) -> None:
+@pytest.mark.parametrize("groups,cfg,sp,domains,aiv", [
+    (1, 1, 4, 1, True), (1, 2, 1, 1, True), (1, 2, 2, 1, False), (2, 1, 2, 1, False), (1, 1, 2, 1, True),
+    (1, 1, 4, 2, False),
+], ids=["one-sp-group", "one-cfg-group", "cfg-x-sp-concurrent-domains", "two-sp-groups", "one-tp-group",
+        "tp-x-sp-in-a-unit"])
+def test_ascend_aiv_expansion_under_sequence_parallel(groups, cfg, sp, domains, aiv) -> None:
     from omni_ext.executor.ascend import ascend_worker_env
 
-    env = ascend_worker_env({}, num_groups=groups, group_size=cfg, unit_size=sp)
+    env = ascend_worker_env({}, num_groups=groups, group_size=cfg, unit_size=sp, unit_domains=domains)
     assert ("HCCL_OP_EXPANSION_MODE" in env) is aiv
 
 

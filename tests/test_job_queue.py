@@ -55,7 +55,6 @@ def test_estimates_and_a_job_that_goes_back_to_the_front() -> None:
 
 
 @pytest.mark.parametrize("parallel,option", [
-    (Parallel(tp=2), "--tensor-parallel-size 2"),
     (Parallel(pp=2), "--pipeline-parallel-size 2"),
     (Parallel(cfg=4), "--cfg-parallel-size 4"),
     (Parallel(vae_patch=2), "--vae-patch-parallel-size 2"),
@@ -73,3 +72,6 @@ def test_cfg_sequence_and_data_parallel_layouts_run() -> None:
     # issue 18 item 1: a CFG half is a unit of Ulysses x Ring processes (omni_ext.scheduler.placement.Units)
     for sp in (Parallel(ulysses=2), Parallel(cfg=2, ulysses=2), Parallel(ring=2), Parallel(cfg=2, ulysses=2, ring=2)):
         assert tuned_refusal(sp) is None, sp
+    # and of TP x Ulysses x Ring processes: tensor parallel runs inside a unit too (the Wan2.2-A14B presets)
+    for tp in (Parallel(tp=2), Parallel(cfg=2, tp=2), Parallel(cfg=2, ulysses=2, tp=2)):
+        assert tuned_refusal(tp) is None, tp

@@ -108,7 +108,9 @@ def test_a_job_about_to_miss_its_deadline_pauses_a_single_rank_job_with_slack(se
     assert video_sync(server, **LONG, **free).status_code == 200  # the server knows this shape's cost
     before = events_mark(server)
     preempted0 = scrape(server, "omni_ext:preemptions_total", reason="deadline")
-    longs = [_create(server, **{**LONG, "seed": seed, "num_inference_steps": 200}, **free) for seed in (91, 92)]
+    # 200 steps at 128x128: ~3 s alone on a quiet host (at LONG's 64x64, 0.8 s: over before the short came)
+    longs = [_create(server, **{**LONG, "size": "128x128", "seed": seed, "num_inference_steps": 200}, **free)
+             for seed in (91, 92)]
     for job in longs:
         _when(server, job, lambda d: d.get("state") == "running" and d.get("steps_done", 0) >= 1, "a step done")
     # ~0.1 s of work due within 1 s, behind two jobs with seconds left (each due within 3x its own time)
@@ -125,7 +127,7 @@ def test_a_job_about_to_miss_its_deadline_pauses_a_single_rank_job_with_slack(se
     assert ev[2]["reason"] == "deadline"
     start_s = next(e for e in _events(server, before, short) if e["kind"] == "start")
     assert start_s["ranks"] == ev[0]["ranks"] and ev[2]["time"] <= start_s["time"] <= ev[3]["time"]  # on its rank
-    fields = {**LONG, "seed": 91 if victim == longs[0] else 92, "num_inference_steps": 200}
+    fields = {**LONG, "size": "128x128", "seed": 91 if victim == longs[0] else 92, "num_inference_steps": 200}
     assert _content(server, victim) == video_sync(server, **fields, **free).content
 
 

@@ -8,6 +8,7 @@ the two preset servers run one after the other (module fixtures), never together
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import stat
@@ -230,36 +231,17 @@ def test_the_tuned_executor_is_selected_wherever_it_applies_and_nowhere_else() -
     assert CATALOG["qwen-image-2512.910b.x1.balanced"].executor == TUNED_EXECUTOR
     assert CATALOG["qwen-image.910b.x8.latency"].executor == TUNED_EXECUTOR  # Ulysses 8: one unit of 8 processes
     assert CATALOG["wan2.1-t2v-1.3b.910b.x4.latency"].executor == TUNED_EXECUTOR  # CFG 2 x Ulysses 2
-    assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"])
-    # The exceptions, all of them: the Wan2.2-A14B presets whose TP 2 fits the weights (77 GB per rank
-    # without TP), because the TunedExecutor does not run tensor parallel (issue 18 item 2).
-    exceptions = {name: tuned_executor_refusal(p) for name, p in CATALOG.items() if p.executor is None}
-    assert sorted(exceptions) == sorted(f"wan2.2-t2v-a14b.{dev}.{n}" for dev in ("910b", "cuda")
-                                        for n in ("x2.latency", "x4.latency", "x8.latency", "x8.throughput"))
-    assert all("tensor parallel" in why for why in exceptions.values()), exceptions
-    assert len(CATALOG) - len(exceptions) == 62
-    assert "tensor parallel" in tuned_executor_refusal(CATALOG["wan2.2-t2v-a14b.cuda.x2.latency"])
-
-
-def test_presets_list_shows_the_executor_of_every_preset(capsys) -> None:
-    """``omni-ext presets list``: omni-ext's TunedExecutor on every preset but the documented exceptions."""
-    from omni_ext.cli import main
-
-    assert main(["presets", "list"]) == 0
-    out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split()[2] for line in out.splitlines()[1:] if line.split() and line.split()[0] in CATALOG}
-    assert len(rows) == len(CATALOG)
-    assert {name for name, ex in rows.items() if ex == "vLLM-Omni"} == {n for n, p in CATALOG.items() if p.executor is None}
-    assert set(rows.values()) == {"omni-ext", "vLLM-Omni"}
-    assert f"62 of {len(CATALOG)} presets run omni-ext's TunedExecutor" in out
-    assert main(["presets", "list", "--json"]) == 0
-    listed = json.loads(capsys.readouterr().out)
-    assert {p["name"]: p["executor"] for p in listed} == rows
+    # Every preset runs it: the Wan2.2-A14B presets' TP 2 (there to fit the weights) runs inside a unit
+    # (issue 18 items 1 and 2: no exception left).
+    assert CATALOG["wan2.2-t2v-a14b.910b.x8.latency"].executor == TUNED_EXECUTOR  # CFG 2 x Ulysses 2 x TP 2
+    assert all(p.executor == TUNED_EXECUTOR for p in CATALOG.values())
+    assert not any(n.startswith("No TunedExecutor") for p in CATALOG.values() for n in p.notes)
 
 
 def test_the_tuned_executor_where_it_would_refuse_to_start_is_an_error() -> None:
-    tp = CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"].replace(executor=TUNED_EXECUTOR)
-    assert any("would refuse to start: it refuses tensor parallel" in e for e in errors(tp))
+    pp = CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"].replace(
+        topology=dataclasses.replace(CATALOG["wan2.2-t2v-a14b.910b.x8.throughput"].topology, vae_patch=2))
+    assert any("would refuse to start: its worker groups are CFG and data-parallel groups only" in e for e in errors(pp))
     stepped = CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"].replace(engine={"step_execution": True})
     assert any("refuses step execution" in e for e in errors(stepped))
     unselected = CATALOG["wan2.1-t2v-1.3b.910b.x1.balanced"].replace(executor=None)

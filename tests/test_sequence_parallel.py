@@ -46,7 +46,7 @@ def _starts(server, before: float, n: int) -> list[tuple[tuple[int, ...], str]]:
 def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None:
     stock, tuned = own["stock"], own["tuned"]
     log = tuned.log_text()
-    assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x sp 2" in log, log[-3000:]
+    assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x tp*sp 2" in log, log[-3000:]
 
     # a CFG request alone: the whole group, each CFG half on its unit of two SP processes
     before = events_mark(tuned)
@@ -112,4 +112,30 @@ def test_qwen_image_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) 
     body = {**{k: v for k, v in IMAGE.items() if k != "negative_prompt"}, "size": "32x32"}
     a, b = (requests.post(s.url + "/v1/images/generations", json=body, timeout=300) for s in (tuned, stock))
     assert png_from(a) == png_from(b)
+    assert _starts(tuned, before, 1) == [((0, 1), "single")]
+
+
+#: CFG 2 x TP 2 (the Wan2.2-A14B presets' layout, whose TP fits the weights): 4 processes, each unit the
+#: two TP processes of one CFG half.
+TP_LAYOUT = ["--cfg-parallel-size", "2", "--tensor-parallel-size", "2"]
+TP_SERVERS = {"stock": (TP_LAYOUT, ENV), "tuned": ([*TP_LAYOUT, "--distributed-executor-backend", TUNED], ENV)}
+
+
+@pytest.mark.server
+@pytest.mark.own_servers("wan2.1-t2v", TP_SERVERS)
+def test_wan_cfg2_tp2_is_byte_identical_to_vllm_omnis_executor(own) -> None:
+    stock, tuned = own["stock"], own["tuned"]
+    log = tuned.log_text()
+    assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x tp*sp 2" in log, log[-3000:]
+    # a CFG request: the whole group, each CFG half on its two TP processes
+    before = events_mark(tuned)
+    a, b = video_sync(stock, **SHAPE, seed=31), video_sync(tuned, **SHAPE, seed=31)
+    assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
+    assert a.content == b.content
+    assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
+    # a CFG-free request: one unit, its TP collectives only
+    before = events_mark(tuned)
+    a = video_sync(stock, **SHAPE, guidance_scale="1.0", seed=32)
+    b = video_sync(tuned, **SHAPE, guidance_scale="1.0", seed=32)
+    assert a.status_code == b.status_code == 200 and a.content == b.content
     assert _starts(tuned, before, 1) == [((0, 1), "single")]

@@ -42,15 +42,17 @@ BASE_DEFAULTS: dict[str, str] = {
 
 def aiv_expansion_allowed(
     environ: Mapping[str, str], *, num_groups: int, group_size: int, nodes: int = 1, unit_size: int = 1,
+    unit_domains: int = 1,
 ) -> bool:
     """Whether ``HCCL_OP_EXPANSION_MODE=AIV`` is valid for this worker layout: ``num_groups`` CFG groups
-    of ``group_size`` units of ``unit_size`` processes (the sequence-parallel size). AIV allows one
-    communication domain at a time: one group with collectives, and either no sequence parallel
-    (the CFG group) or no CFG parallel (the SP group); CFG 2 x SP runs the two halves' SP
-    all-to-alls at once (in two domains), and under the scheduler's single mode two jobs at once."""
+    of ``group_size`` units of ``unit_size`` processes (the TP x sequence-parallel size; ``unit_domains``:
+    how many of TP and SP are above 1). AIV allows one communication domain at a time: one group with
+    collectives, and either no TP/SP (the CFG group) or no CFG parallel and one of TP or SP; CFG 2 x SP
+    runs the two halves' SP all-to-alls at once (in two domains), and under the scheduler's single
+    mode two jobs at once; TP x SP in a unit is two domains."""
     if nodes != 1 or group_size * unit_size < 2 or num_groups != 1:
         return False
-    if group_size > 1 and unit_size > 1:
+    if (group_size > 1 and unit_size > 1) or unit_domains > 1:
         return False
     return environ.get("HCCL_DETERMINISTIC", "").strip().lower() != "true"
 
@@ -103,6 +105,7 @@ def host_cards(dev: Path = Path("/dev")) -> int:
 def ascend_worker_env(
     environ: Mapping[str, str] | None = None, *, num_groups: int, group_size: int, nodes: int = 1,
     total_cards: int | None = None, allowed_cores: Sequence[int] | None = None, unit_size: int = 1,
+    unit_domains: int = 1,
 ) -> dict[str, str]:
     """Variables to add to the workers' environment on an Ascend host. Never overrides the user,
     except that a mode-only ``CPU_AFFINITY_CONF`` gets this replica's cores (:func:`replica_affinity_conf`).
@@ -119,7 +122,7 @@ def ascend_worker_env(
         if per_replica is not None:
             out["CPU_AFFINITY_CONF"] = per_replica
     if "HCCL_OP_EXPANSION_MODE" not in env and aiv_expansion_allowed(
-        env, num_groups=num_groups, group_size=group_size, nodes=nodes, unit_size=unit_size
+        env, num_groups=num_groups, group_size=group_size, nodes=nodes, unit_size=unit_size, unit_domains=unit_domains
     ):
         out["HCCL_OP_EXPANSION_MODE"] = "AIV"
     return out

@@ -13,17 +13,17 @@ settling), what a job is expected to cost and its time limit (:mod:`omni_ext.sch
 whether a request runs CFG and its cost units (:mod:`omni_ext.models.families`); the options are
 :mod:`omni_ext.scheduler.config`.
 
-Processes. ``W = data_parallel_size x cfg_parallel_size x sequence_parallel_size`` worker
-processes (:mod:`omni_ext.executor.worker`, started as :mod:`omni_ext.executor.start` says),
-process ``p`` on local device ``p``, in one torch.distributed world with vLLM-Omni's own process
-groups. Placement sees *units*: the ``sequence_parallel_size`` (Ulysses x Ring) processes of one CFG
-half, which always run a job together (:class:`~omni_ext.scheduler.placement.Units`: unit ``u`` is processes
-``[u*sp, (u+1)*sp)``, vLLM-Omni's SP group); group ``g`` is units ``[g*cfg, g*cfg + cfg)``, whose
-processes form vLLM-Omni's CFG groups. A job placed on units is sent to every process of them, and
-answered by the leader of the unit holding its output. vLLM-Omni's SP attention runs unchanged
-inside a unit, in either job mode: a SINGLE job (both guidance branches on one unit) never enters
-the CFG all-gather, only its unit's SP collectives. ``data_parallel_size`` is the stage's (patch
-``dp-world``) or ``omni_ext.data_parallel_size``.
+Processes. ``W = data_parallel_size x cfg_parallel_size x tensor_parallel_size x
+sequence_parallel_size`` worker processes (:mod:`omni_ext.executor.worker`, started as
+:mod:`omni_ext.executor.start` says), process ``p`` on local device ``p``, in one torch.distributed
+world with vLLM-Omni's own process groups. Placement sees *units*: the TP x Ulysses x Ring processes
+of one CFG half, which always run a job together (:class:`~omni_ext.scheduler.placement.Units`: unit
+``u`` is processes ``[u*n, (u+1)*n)``, vLLM-Omni's TP and SP groups); group ``g`` is units
+``[g*cfg, g*cfg + cfg)``, whose processes form vLLM-Omni's CFG groups. A job placed on units is sent
+to every process of them, and answered by the leader of the unit holding its output. vLLM-Omni's TP
+layers and SP attention run unchanged inside a unit, in either job mode: a SINGLE job (both guidance
+branches on one unit) never enters the CFG all-gather, only its unit's TP and SP collectives.
+``data_parallel_size`` is the stage's (patch ``dp-world``) or ``omni_ext.data_parallel_size``.
 
 Pipes and futures. ``execute_batch`` does not block the engine: it queues each scheduled request as
 a job (a wave of compatible requests under ``--max-num-seqs`` as one batched job or several, as
@@ -105,8 +105,10 @@ class TunedExecutor(DiffusionExecutor):
         if refusal is not None:
             raise ValueError(refusal.message())
         self.cfg_size = int(pc.cfg_parallel_size or 1)
-        # The processes of one unit: Ulysses x Ring, or vLLM-Omni's all-gather degree (its SP group).
-        self.units = placement.Units(int(getattr(pc, "sequence_parallel_size", 1) or 1))
+        # The processes of one unit: TP x (Ulysses x Ring, or vLLM-Omni's all-gather degree), its TP and
+        # SP groups (vLLM-Omni orders ranks tp-sp-pp-cfg-dp: a unit's processes are contiguous).
+        self.tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+        self.units = placement.Units(self.tp * int(getattr(pc, "sequence_parallel_size", 1) or 1))
         additional = getattr(cfg, "additional_config", None)
         try:
             self.sched = scheduler_config(additional, getattr(cfg, "cache_backend", None))
@@ -119,7 +121,7 @@ class TunedExecutor(DiffusionExecutor):
         world = dp * self.cfg_size * self.units.size
         visible, source = devices.visible_devices(current_omni_platform)
         if world > visible:
-            sp = f" x sequence_parallel_size {self.units.size}" if self.units.size > 1 else ""
+            sp = f" x tensor x sequence parallel {self.units.size}" if self.units.size > 1 else ""
             raise ValueError(
                 f"omni-ext TunedExecutor: data_parallel_size {dp} x cfg_parallel_size {self.cfg_size}{sp} needs "
                 f"{world} devices (one per rank), but {visible} are visible ({source})."
@@ -147,7 +149,8 @@ class TunedExecutor(DiffusionExecutor):
         device_type = self.device_type = getattr(current_omni_platform, "device_type", "cpu")
         worker_env: dict[str, str] = {}
         if device_type == "npu":
-            worker_env = ascend.ascend_worker_env(num_groups=dp, group_size=self.cfg_size, unit_size=self.units.size)
+            worker_env = ascend.ascend_worker_env(num_groups=dp, group_size=self.cfg_size, unit_size=self.units.size,
+                                                  unit_domains=(self.tp > 1) + (self.units.size > self.tp))
         expected = ascend.collective_backend(device_type)
         backend = getattr(current_omni_platform, "dist_backend", expected)
         if device_type in ("npu", "cuda", "cpu") and backend != expected:
@@ -181,7 +184,7 @@ class TunedExecutor(DiffusionExecutor):
         for t in self._threads:
             t.start()
         logger.info(
-            "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d x sp %d, backend %s, scheduler "
+            "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d x tp*sp %d, backend %s, scheduler "
             "cfg_mode=%s order=%s%s%s, workers started by %s",
             world, dp, [list(self.units.expand(g)) for g in self.layout.groups], self.cfg_size,
             self.units.size, backend, self.cfg_mode, self.sched.order,

@@ -59,16 +59,12 @@ class Refusal:
 
 def tuned_refusal(p: Parallel) -> Refusal | None:
     """Why the TunedExecutor refuses the layout ``p`` (None: it runs it). Its worker groups are CFG
-    groups (1 or 2 units), several of them for data parallel; a unit is the Ulysses x Ring
-    sequence-parallel processes of one CFG half, which run every job together (vLLM-Omni's own SP
+    groups (1 or 2 units), several of them for data parallel; a unit is the TP x Ulysses x Ring
+    processes of one CFG half, which run every job together (vLLM-Omni's own TP layers and SP
     attention inside); each unit runs its own requests."""
-    if p.tp > 1:
-        return Refusal(f"--tensor-parallel-size {p.tp}", f"it refuses tensor parallel (tensor_parallel_size={p.tp}; "
-                       "CFG, sequence and data parallel only, omni_ext/executor/tuned.py), so vLLM-Omni's own "
-                       "executor runs this preset")
     if p.pp > 1:
         return Refusal(f"--pipeline-parallel-size {p.pp}",
-                       "it refuses pipeline parallel (CFG, sequence and data parallel only)")
+                       "it refuses pipeline parallel (CFG, tensor, sequence and data parallel only)")
     if p.cfg > 2:
         return Refusal(f"--cfg-parallel-size {p.cfg}", f"it runs cfg_parallel_size 1 or 2, not {p.cfg}",
                        "use --cfg-parallel-size 2 with data parallel for more ranks")

@@ -111,17 +111,18 @@ class Layout:
 @dataclass(frozen=True)
 class Units:
     """Placement's ranks are *units*: ``size`` worker processes that always run a job together, the
-    sequence-parallel group of one CFG half (Ulysses x Ring, or vLLM-Omni's all-gather degree; 1
-    without sequence parallel). Placement, the queue and the layout's groups count units; the
-    executor fans a job out to every process of its units and takes the answer from a unit's leader.
+    tensor- and sequence-parallel group of one CFG half (TP x Ulysses x Ring, or vLLM-Omni's
+    all-gather degree; 1 without either). Placement, the queue and the layout's groups count units;
+    the executor fans a job out to every process of its units and takes the answer from a unit's leader.
 
     Why unit ``u`` is processes ``[u*size, (u+1)*size)``: vLLM-Omni orders its ranks
     ``order="tp-sp-pp-cfg-dp"`` (``RankGenerator`` in ``diffusion/distributed/parallel_state.py``
-    ``_initialize_model_parallel``; a coupling in :mod:`omni_ext.patches.couplings`), so with TP and PP 1 (the TunedExecutor refuses them) process
-    ``p = sp_rank + size * (cfg_rank + cfg * dp_rank)``: its SP groups are the contiguous blocks of
-    ``size`` processes, and a CFG group pairs process ``s`` of one unit with process ``s`` of the
-    next (``[s, s + size]``). Unit ``u = cfg_rank + cfg * dp_rank`` is then exactly placement's rank
-    ``u`` of :meth:`Layout.regular`."""
+    ``_initialize_model_parallel``; a coupling in :mod:`omni_ext.patches.couplings`), so with PP 1
+    (the TunedExecutor refuses it) process ``p = tp_rank + tp * (sp_rank + sp * (cfg_rank + cfg *
+    dp_rank))``: its TP x SP groups are the contiguous blocks of ``size = tp * sp`` processes, and a
+    CFG group pairs process ``s`` of one unit with process ``s`` of the next (``[s, s + size]``).
+    Unit ``u = cfg_rank + cfg * dp_rank`` is then exactly placement's rank ``u`` of
+    :meth:`Layout.regular`."""
 
     size: int = 1
 
