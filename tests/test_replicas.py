@@ -483,7 +483,7 @@ def test_multihost_burst_then_replica_loss_fails_only_its_job_then_it_rejoins(mu
     # The replica's host comes back: it registers again and gets work.
     multihost.restart_replica(victim_index, timeout=300)
     before = events_mark(multihost.head)
-    ids = [post_video(url, 33, 8, 40 + i) for i in range(6)]
+    ids = [post_video(url, 9, 8, 40 + i) for i in range(6)]  # short: only where they run matters here
     ends = wait_jobs(url, ids)
     assert all(e["status"] == "completed" for e in ends.values()), ends
     replicas = {r for _, r in dispatches(multihost.head, before)}
