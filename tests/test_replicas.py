@@ -331,17 +331,23 @@ def _image_hosts(models: dict[str, Path], tmp: Path):
 AHEAD_BUILDERS["image_hosts"] = _image_hosts
 
 
-@pytest.fixture
-def image_hosts(tiny_models, tmp_path_factory) -> Iterator:
+def _hosts(fixture: str, tiny_models, tmp_path_factory) -> Iterator:
+    """A multi-machine fixture's servers: started ahead during the test before (tests/conftest.py) or
+    now, waited for, stopped after its test."""
     import os
 
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
         pytest.skip("OMNI_EXT_NO_SERVERS=1")
-    mh = take_ahead("image_hosts") or _image_hosts(tiny_models, tmp_path_factory.mktemp("image-hosts"))
+    mh = take_ahead(fixture) or AHEAD_BUILDERS[fixture](tiny_models, tmp_path_factory.mktemp(fixture))
     try:
         yield mh.wait_ready(600)
     finally:
         mh.stop()
+
+
+@pytest.fixture
+def image_hosts(tiny_models, tmp_path_factory) -> Iterator:
+    yield from _hosts("image_hosts", tiny_models, tmp_path_factory)
 
 
 @pytest.mark.server
@@ -403,15 +409,7 @@ AHEAD_BUILDERS["multihost"] = _two_hosts
 
 @pytest.fixture
 def multihost(tiny_models, tmp_path_factory) -> Iterator:
-    import os
-
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1")
-    mh = take_ahead("multihost") or _two_hosts(tiny_models, tmp_path_factory.mktemp("multihost"))
-    try:
-        yield mh.wait_ready(600)
-    finally:
-        mh.stop()
+    yield from _hosts("multihost", tiny_models, tmp_path_factory)
 
 
 @pytest.mark.server

@@ -41,26 +41,28 @@ def _starts(server, before: float, n: int) -> list[tuple[tuple[int, ...], str]]:
     return [(e[2], e[3]) for e in wait_for_events(server, before, n) if e[0] == "start"]
 
 
+def _pair_then_single(stock, tuned, seeds: tuple[int, int]) -> None:
+    """On 4 processes (2 units of 2): a CFG request alone takes the whole group, each CFG half on its
+    unit; a CFG-free one takes one unit and leaves the other free. Both give vLLM-Omni's bytes."""
+    log = tuned.log_text()
+    assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x tp*sp 2" in log, log[-3000:]
+    before = events_mark(tuned)
+    a, b = video_sync(stock, **SHAPE, seed=seeds[0]), video_sync(tuned, **SHAPE, seed=seeds[0])
+    assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
+    assert a.content == b.content
+    assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
+    before = events_mark(tuned)
+    a = video_sync(stock, **SHAPE, guidance_scale="1.0", seed=seeds[1])
+    b = video_sync(tuned, **SHAPE, guidance_scale="1.0", seed=seeds[1])
+    assert a.status_code == b.status_code == 200 and a.content == b.content
+    assert _starts(tuned, before, 1) == [((0, 1), "single")]
+
+
 @pytest.mark.server
 @pytest.mark.own_servers("wan2.1-t2v", SERVERS)
 def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None:
     stock, tuned = own["stock"], own["tuned"]
-    log = tuned.log_text()
-    assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x tp*sp 2" in log, log[-3000:]
-
-    # a CFG request alone: the whole group, each CFG half on its unit of two SP processes
-    before = events_mark(tuned)
-    a, b = video_sync(stock, **SHAPE, seed=11), video_sync(tuned, **SHAPE, seed=11)
-    assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
-    assert a.content == b.content
-    assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
-
-    # a CFG-free request: one unit (its two SP processes), the other one stays free
-    before = events_mark(tuned)
-    a = video_sync(stock, **SHAPE, guidance_scale="1.0", seed=12)
-    b = video_sync(tuned, **SHAPE, guidance_scale="1.0", seed=12)
-    assert a.status_code == b.status_code == 200 and a.content == b.content
-    assert _starts(tuned, before, 1) == [((0, 1), "single")]
+    _pair_then_single(stock, tuned, seeds=(11, 12))
 
     # a long pair is cancelled while two CFG requests queue behind it: its four processes stop at the
     # same step, and the two requests then run at once, both guidance branches on one unit each
@@ -124,18 +126,4 @@ TP_SERVERS = {"stock": (TP_LAYOUT, ENV), "tuned": ([*TP_LAYOUT, "--distributed-e
 @pytest.mark.server
 @pytest.mark.own_servers("wan2.1-t2v", TP_SERVERS)
 def test_wan_cfg2_tp2_is_byte_identical_to_vllm_omnis_executor(own) -> None:
-    stock, tuned = own["stock"], own["tuned"]
-    log = tuned.log_text()
-    assert "omni-ext TunedExecutor: 4 worker(s), 1 group(s) [[0, 1, 2, 3]] of cfg 2 x tp*sp 2" in log, log[-3000:]
-    # a CFG request: the whole group, each CFG half on its two TP processes
-    before = events_mark(tuned)
-    a, b = video_sync(stock, **SHAPE, seed=31), video_sync(tuned, **SHAPE, seed=31)
-    assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])
-    assert a.content == b.content
-    assert _starts(tuned, before, 1) == [((0, 1, 2, 3), "pair")]
-    # a CFG-free request: one unit, its TP collectives only
-    before = events_mark(tuned)
-    a = video_sync(stock, **SHAPE, guidance_scale="1.0", seed=32)
-    b = video_sync(tuned, **SHAPE, guidance_scale="1.0", seed=32)
-    assert a.status_code == b.status_code == 200 and a.content == b.content
-    assert _starts(tuned, before, 1) == [((0, 1), "single")]
+    _pair_then_single(own["stock"], own["tuned"], seeds=(31, 32))

@@ -509,6 +509,8 @@ def dry_run(args) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from omni_ext.bench.cli import _positive_int  # the CLI's own check (this module is loaded by it)
+
     p.add_argument("--json", default=None, help="write the figures, goals, pass/fail and every request here (required unless --dry-run)")
     p.add_argument("--quick", action="store_true", help="a small, fast version (smoke test; figures are not meaningful)")
     p.add_argument("--dry-run", action="store_true", help="print the servers, commands and requests; start nothing")
@@ -521,18 +523,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=_positive_int, default=None, help="bursts per server (median throughput; 3)")
     p.add_argument("--ceiling-reps", type=_positive_int, default=None, help="timed passes of each bare-ceiling mode (3)")
     p.add_argument("--skip-ceiling", action="store_true", help="skip the bare host ceiling")
-    p.add_argument("--models-dir", default=None, help="where the tiny model is built/cached")
-    p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
-    p.add_argument("--start-timeout", type=float, default=1200.0)
-    p.add_argument("--max-load", type=float, default=1.0, help="wait for the 1-minute load to fall to this before starting")
-    p.add_argument("--quiet-wait", type=float, default=600.0, help="wait at most this many seconds for it (then: not a measurement)")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+    c.add_host_options(p)
 
 
 def main(args) -> int:

@@ -330,6 +330,15 @@ def finish_host(host: dict[str, Any]) -> None:
         host["loadavg_at_end"] = None
 
 
+def add_host_options(p) -> None:
+    """The options every server benchmark module takes for its model, its servers and a quiet host."""
+    p.add_argument("--models-dir", default=None, help="where the tiny model is built/cached")
+    p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
+    p.add_argument("--start-timeout", type=float, default=1200.0)
+    p.add_argument("--max-load", type=float, default=1.0, help="wait for the 1-minute load to fall to this before starting")
+    p.add_argument("--quiet-wait", type=float, default=600.0, help="wait at most this many seconds for it (then: not a measurement)")
+
+
 def wait_for_quiet(max_load: float, timeout_s: float, poll_s: float = 10.0, load=None, clock=time.monotonic,
                    sleep=time.sleep) -> dict[str, Any]:
     """Wait until the 1-minute load is at most ``max_load`` (a benchmark that needs a quiet host),

@@ -391,11 +391,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per load and server (150)")
     p.add_argument("--standalone-reps", type=int, default=None, help="standalone timings per class and server (median)")
     p.add_argument("--seed", type=int, default=None, help="the arrivals' seed")
-    p.add_argument("--models-dir", default=None, help="where the tiny model is built/cached")
-    p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
-    p.add_argument("--start-timeout", type=float, default=1200.0)
-    p.add_argument("--max-load", type=float, default=1.0, help="wait for the 1-minute load to fall to this before starting")
-    p.add_argument("--quiet-wait", type=float, default=600.0, help="wait at most this many seconds for it (then: not a measurement)")
+    c.add_host_options(p)
 
 
 def main(args) -> int:
