@@ -174,22 +174,32 @@ class RankQueue:
                   steps=rc.steps, seq=seq)
         if job.all_ranks and self.small_warmup:
             job.req = _small_warmup(req)
+        self._enqueue(job, {job.job_id: job}, arrival=arrival, learns=not warm_up,
+                      priority=WARM_UP_PRIORITY if warm_up else request_priority(request_id, sp),
+                      deadline_s=None if warm_up else request_deadline_s(request_id, sp))
+        return job
+
+    def _enqueue(self, job: Job, outputs: dict[str, Job | Part], *, arrival: float, priority: int,
+                 deadline_s: float | None, learns: bool = True) -> None:
+        """Queue a new job (one request's, or a batch's) whose answers the engine collects under
+        ``outputs``' ids, and start what can start."""
         with self.lock:
             if self.stopped:
                 raise RuntimeError("omni-ext TunedExecutor is not running")
-            self.outputs[job.job_id] = job
-            self.jobs.submit(job.job_id, job, priority=WARM_UP_PRIORITY if warm_up else request_priority(request_id, sp),
-                             arrival=arrival, key=rc.key, units=rc.units, learns=not warm_up,
-                             deadline_s=None if warm_up else request_deadline_s(request_id, sp))
+            self.outputs.update(outputs)
+            self.jobs.submit(job.job_id, job, priority=priority, arrival=arrival, key=job.shape, units=job.needs.units,
+                             learns=learns, deadline_s=deadline_s)
             self.dispatch()
             if self.jobs.get(job.job_id) is not None and not self.entry(job).running:
                 if self.sched.settle_s > 0:
                     self._dispatch_after(self.sched.settle_s)  # a settle hold (placement rule 5) ends then
                 priority = self.entry(job).ticket.priority
-                logger.info("omni-ext: queued request %s (priority %d, %d waiting)",
-                            request_id, priority, len(self.jobs.queued()))
-                progress.record_placement("queued", request_id, priority=priority)
-        return job
+                logger.info("omni-ext: queued %s (priority %d, %d waiting)",
+                            f"batch {list(job.members)}" if job.batched else f"request {job.request_id}", priority,
+                            len(self.jobs.queued()))
+                for rid in job.request_ids:
+                    progress.record_placement("queued", rid, priority=priority,
+                                              **({"batch": list(job.members)} if job.batched else {}))
 
     def submit_wave(self, items: list[tuple[str, Any]]) -> list[str]:
         """Queue a wave the engine scheduled together (``--max-num-seqs``): ``(request_id, req)`` in
@@ -227,7 +237,7 @@ class RankQueue:
     def _batch_plan(self, items: list[tuple[str, Any]]) -> list[int]:
         """The chunk sizes of one compatible wave (under the lock): predicted times of each batch size
         from the cost model, the slots the wave's mode runs on and when each is predicted free."""
-        rid, req = items[0]
+        _, req = items[0]
         rc = request_cost(self.model_arch, getattr(req, "prompt", None), getattr(req, "sampling_params", None),
                           None if self.tuned_model else True)
         mode = JobMode.for_request(needs_cfg=rc.cfg, group_size=self.cfg_size)
@@ -270,25 +280,12 @@ class RankQueue:
                   shape=cost.batch_key(rc.key, len(items)), steps=rc.steps, seq=seq, members=members)
         priority = min(request_priority(rid, sp) for rid, sp in zip(members, sps))
         deadlines = [d for rid, sp in zip(members, sps) if (d := request_deadline_s(rid, sp)) is not None]
-        if self.stopped:
-            raise RuntimeError("omni-ext TunedExecutor is not running")
         parts = job.parts = [Part(job, i) for i in range(len(members))]
         _split_batch(job, parts)
-        out_ids = []
-        for part in parts:
-            out_id = f"{job.job_id}/{part.index}"
-            self.outputs[out_id] = part
-            out_ids.append(out_id)
-        self.jobs.submit(job.job_id, job, priority=priority, arrival=arrival, key=job.shape, units=units,
-                         deadline_s=min(deadlines) if deadlines else None)
+        outputs = {f"{job.job_id}/{part.index}": part for part in parts}
         logger.info("omni-ext: batch of %d requests %s as one job (priority %d)", len(members), list(members), priority)
-        self.dispatch()
-        if self.jobs.get(job.job_id) is not None and not self.entry(job).running:
-            if self.sched.settle_s > 0:
-                self._dispatch_after(self.sched.settle_s)
-            for rid in members:
-                progress.record_placement("queued", rid, priority=priority, batch=list(members))
-        return out_ids
+        self._enqueue(job, outputs, arrival=arrival, priority=priority, deadline_s=min(deadlines) if deadlines else None)
+        return list(outputs)
 
     def entry(self, job: Job) -> Entry[Job]:
         return self.jobs.entries[job.job_id]
