@@ -164,6 +164,17 @@ class StepProgress:
         return per_step * max(0, self.total - self.done)
 
 
+def read_request(request_id: str) -> StepProgress | None:
+    """Executor side: the step progress of one engine request (None: no file, or no progress dir)."""
+    root = progress_dir()
+    if root is None or "/" in request_id or request_id.startswith("."):
+        return None
+    try:
+        return _parse((root / request_id).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def read_progress(job_id: str) -> StepProgress | None:
     """API side: the newest step progress of any engine request belonging to ``job_id``."""
     root = progress_dir()

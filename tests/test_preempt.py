@@ -83,7 +83,7 @@ def test_a_job_about_to_miss_its_deadline_preempts_one_with_slack() -> None:
 def test_scheduler_options_for_preemption() -> None:
     from omni_ext.scheduler.config import scheduler_config
 
-    assert SchedulerConfig().preempt is True and SchedulerConfig().max_preemptions == 2
+    assert SchedulerConfig().preempt is True and SchedulerConfig().max_preemptions == 4
     cfg = scheduler_config('{"omni_ext": {"scheduler": {"preempt": false, "max_preemptions": 1}}}')
     assert (cfg.preempt, cfg.max_preemptions) == (False, 1)
     with pytest.raises(ValueError, match="max_preemptions"):
@@ -245,7 +245,7 @@ def test_the_executor_pauses_a_long_job_for_an_interactive_one_and_resumes_it(tm
     from tests.helpers import rank_queue, wan_request
 
     monkeypatch.setenv(progress.ENV, str(tmp_path))
-    ex = rank_queue(settle_s=0.0, cfg_mode="pair")
+    ex = rank_queue(settle_s=0.0, cfg_mode="pair", max_preemptions=2)
     long_ = ex.submit("video_l-0000000l", wan_request())
     assert [m.job_id for _, m in ex.sent] == [long_.job_id, long_.job_id] and long_.ranks == (0, 1)
     progress.write_progress([long_.request_id], 3, 10, time.time())
@@ -263,28 +263,56 @@ def test_the_executor_pauses_a_long_job_for_an_interactive_one_and_resumes_it(tm
     assert urgent.pausing_for is None and not other.ranks  # the job that runs over a paused one is not paused
     for r in (0, 1):
         ex.answer(r, protocol.JobDone(urgent.job_id, r, DiffusionOutput() if r == 1 else None, r == 1, 1.0))
-    # its ranks are free: the paused job resumes there before the queued one
+    # its ranks are free, and the queued job would pause it again for its better priority: the paused job
+    # stays paused and lets it through (its second pause of at most 2), instead of resuming for one step
+    assert other.ranks == (0, 1) and long_.is_paused and long_.pauses == 2 and long_.pausing_for == other.job_id
+    assert not [m for _, m in ex.sent if isinstance(m, protocol.ResumeJob)]
+    assert [ex.cancel_slots[PAUSE * 2 + r] for r in (0, 1)] == [token, token]  # no second pause asked
+    assert progress.read_preemptions(tmp_path) == ({"priority": 2, "deadline": 0}, 1)
+    third = ex.submit("video_t-0000000t", wan_request(priority="-3"))
+    for r in (0, 1):
+        ex.answer(r, protocol.JobDone(other.job_id, r, DiffusionOutput() if r == 1 else None, r == 1, 1.0))
+    # paused as often as it may be: it resumes there before the queued one, and is not asked to pause again
     resumed = [(r, m) for r, m in ex.sent if isinstance(m, protocol.ResumeJob)]
     assert resumed == [(0, protocol.ResumeJob(long_.job_id)), (1, protocol.ResumeJob(long_.job_id))]
     assert not long_.is_paused and progress.read_progress("video_l").mode is None
-    assert not other.ranks
-    # ... and is asked at once to pause again for the better priority (its second pause of at most 2),
-    # then cancelled while paused
-    assert [ex.cancel_slots[PAUSE * 2 + r] for r in (0, 1)] == [pause_token(long_.seq, 2)] * 2
+    assert not third.ranks and long_.pausing_for is None
+    assert [ex.cancel_slots[PAUSE * 2 + r] for r in (0, 1)] == [token, token]
+    ex.abort([third.request_id])
+    assert third.future.result(timeout=1).aborted
+    # paused for another request and cancelled while paused: unwound, not resumed
     for r in (0, 1):
-        ex.on_paused(r, protocol.Paused(long_.job_id, r, 6))
-    assert other.ranks == (0, 1) and long_.pauses == 2
+        ex.answer(r, protocol.JobDone(long_.job_id, r, DiffusionOutput() if r == 1 else None, r == 1, 1.0))
+    assert long_.future.result(timeout=1) is not None and not ex.jobs
+    assert progress.read_preemptions(tmp_path) == ({"priority": 2, "deadline": 0}, 0)
+    kinds = [e["kind"] for e in progress.read_placements()[0] if e["request_id"] == long_.request_id]
+    assert kinds == ["start", "preempt", "paused", "preempt", "resumed", "done"], kinds
+
+
+def test_a_job_paused_under_another_is_unwound_when_cancelled(tmp_path, monkeypatch) -> None:
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext import progress
+    from omni_ext.executor import protocol
+    from tests.helpers import rank_queue, wan_request
+
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    ex = rank_queue(settle_s=0.0, cfg_mode="pair")
+    long_ = ex.submit("video_l-0000000l", wan_request())
+    urgent = ex.submit("video_u-0000000u", wan_request(priority="-1"))
+    for r in (0, 1):
+        ex.on_paused(r, protocol.Paused(long_.job_id, r, 4))
+    assert urgent.ranks == (0, 1) and long_.is_paused
     ex.abort([long_.request_id])
     drops = [(r, m) for r, m in ex.sent if isinstance(m, protocol.ResumeJob) and m.drop]
     assert drops == [(0, protocol.ResumeJob(long_.job_id, True)), (1, protocol.ResumeJob(long_.job_id, True))]
     for r in (0, 1):
-        ex.answer(r, protocol.JobDone(other.job_id, r, DiffusionOutput() if r == 1 else None, r == 1, 1.0))
+        ex.answer(r, protocol.JobDone(urgent.job_id, r, DiffusionOutput() if r == 1 else None, r == 1, 1.0))
     for r in (0, 1):
         ex.answer(r, protocol.JobDone(long_.job_id, r, DiffusionOutput(aborted=True) if r == 1 else None, r == 1, 1.0))
     assert long_.future.result(timeout=1).aborted and not ex.jobs
-    assert progress.read_preemptions(tmp_path) == ({"priority": 2, "deadline": 0}, 0)
-    kinds = [e["kind"] for e in progress.read_placements()[0] if e["request_id"] == long_.request_id]
-    assert kinds == ["start", "preempt", "paused", "resumed", "preempt", "paused", "done"], kinds
+    assert not [m for _, m in ex.sent if isinstance(m, protocol.ResumeJob) and not m.drop]  # never resumed
+    assert progress.read_preemptions(tmp_path) == ({"priority": 1, "deadline": 0}, 0)
 
 
 def test_no_preemption_where_the_executor_cannot_pause_exactly() -> None:
@@ -326,3 +354,81 @@ def test_a_paused_job_says_paused_in_its_progress_detail(tmp_path, monkeypatch) 
         after = progress.read_progress(job["id"])
         assert after.mode is None and after.done == 3 and after.t_start > t - 1.0  # the paused time is left out
         assert client.get(f"/v1/videos/{job['id']}").json()["progress_detail"]["state"] == "running"
+
+
+def test_a_running_job_slower_than_predicted_is_seen_by_its_steps_and_the_waiting_job_preempts(tmp_path, monkeypatch) -> None:
+    """The queue predicts a running job's time left from its lead rank's step reports, not only from
+    the cost model: two jobs side by side on a CPU host run slower than each alone, and a short job that
+    would wait for a long one's predicted end (in time) waits for its real end (too late). And when the
+    long job's ranks free up while it is paused and the next short one would pause it again, it stays
+    paused for it (one pause more) instead of resuming for one step."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext import progress
+    from omni_ext.executor import protocol
+    from omni_ext.executor.role import PAUSE, pause_token
+    from tests.helpers import rank_queue, wan_request
+
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+
+    def req(deadline_s: float, steps: int, frames: int = 5) -> object:
+        r = wan_request(guidance=1.0)
+        r.sampling_params.num_inference_steps, r.sampling_params.num_frames = steps, frames
+        r.sampling_params.extra_args = {"omni_ext_deadline_s": deadline_s}
+        return r
+
+    ex = rank_queue(world=1, cfg_size=1, settle_s=0.0, seconds_per_unit=0.01, max_preemptions=3)
+    long_ = ex.submit("video_l-0000000l", req(600.0, 40, frames=81))
+    predicted_long = ex.entry(long_).ticket.predicted_s
+    short = ex.submit("video_s-0000000s", req(predicted_long * 1.3, 2))
+    predicted_short = ex.entry(short).ticket.predicted_s
+    assert predicted_long >= 5 * predicted_short and long_.ranks == (0,)
+    # by the cost model the long job ends before the short one's latest start: it waits
+    assert long_.pausing_for is None and not short.ranks
+    # its step reports say it runs at twice its predicted pace: 4 of 40 steps in 0.2 x predicted
+    now = time.time()
+    progress.write_progress([long_.request_id], 4, 40, now - 0.2 * predicted_long)
+    ex.dispatch()  # what the re-check timer does
+    assert long_.pausing_for == short.job_id and ex.cancel_slots[PAUSE] == pause_token(long_.seq, 1)
+    ex.on_paused(0, protocol.Paused(long_.job_id, 0, 4))
+    assert short.ranks == (0,) and long_.is_paused
+    short2 = ex.submit("video_t-0000000t", req(predicted_short * 1.5, 2))
+    assert not short2.ranks  # the job over a paused one is not paused
+    ex.answer(0, protocol.JobDone(short.job_id, 0, DiffusionOutput(), True, 0.1))
+    assert short2.ranks == (0,) and long_.is_paused and long_.pauses == 2
+    assert not [m for _, m in ex.sent if isinstance(m, protocol.ResumeJob)]
+    ex.answer(0, protocol.JobDone(short2.job_id, 0, DiffusionOutput(), True, 0.1))
+    assert [m for _, m in ex.sent if isinstance(m, protocol.ResumeJob)] == [protocol.ResumeJob(long_.job_id)]
+    assert progress.read_preemptions(tmp_path) == ({"priority": 0, "deadline": 2}, 0)
+
+
+def test_step_reports_after_a_pause_leave_the_paused_time_out(tmp_path, monkeypatch) -> None:
+    """The lead rank's step reports after a resume: the loop's start (and the job's) move on by the
+    time the job was paused, so the executor's and the API's predicted time left, computed from the
+    rate of the steps, is that of the steps, not of the steps and the pause."""
+    from types import SimpleNamespace
+
+    from omni_ext import progress
+    from omni_ext.executor.role import ROLE, set_role
+    from omni_ext.patches.step_progress import _ReportingBar
+
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    progress.mark_started(["video_p-00000001"], 10, "single")
+    set_role("single")
+    bar = _ReportingBar(SimpleNamespace(update=lambda n: None), 10, ["video_p-00000001"], True)
+    monkeypatch.setattr("omni_ext.executor.role.check_step_cancel", lambda: None)
+    bar.update(1)
+    before = progress.read_request("video_p-00000001")
+    ROLE.paused_s = 5.0  # what pause_here adds once the job resumed
+    bar.update(1)
+    after = progress.read_request("video_p-00000001")
+    assert after.done == 2 and after.t_start == pytest.approx(before.t_start + 5.0)
+    assert after.t_job == pytest.approx(before.t_job + 5.0)
+    assert after.remaining_s() < 1.0  # two quick steps, not two steps and a 5-s pause
+    from omni_ext.executor.role import pause_here
+
+    ROLE.pause_hook = lambda: time.sleep(0.05)  # the worker's hook blocks until the job resumes
+    pause_here()
+    assert ROLE.paused_s >= 5.05 and ROLE.pauses == 1
+    set_role("none")
+    assert ROLE.paused_s == 0.0

@@ -83,6 +83,16 @@ def parse_loads(text: str) -> list[float]:
     return loads
 
 
+def parse_servers(text: str) -> list[str]:
+    """``--servers``: a comma-separated subset of the servers, in the benchmark's order."""
+    known = [*SERVERS, NOPREEMPT]
+    got = [x.strip() for x in str(text).split(",") if x.strip()]
+    bad = [x for x in got if x not in known]
+    if bad or not got:
+        raise ValueError(f"--servers takes a comma-separated subset of {','.join(known)}, got {text!r}")
+    return [n for n in known if n in got]
+
+
 def capacity_rps(standalone_s: dict[str, float], short_share: float, groups: int = GROUPS) -> float:
     """Requests per second the groups finish at full use: ``groups`` over the mix's mean seconds."""
     mean_s = short_share * standalone_s["short"] + (1 - short_share) * standalone_s["long"]
@@ -271,7 +281,9 @@ def run(args) -> dict[str, Any]:
     model, workdir, base_args, env = c.setup(args)
     servers = c.Servers(model, workdir, base_args, env)
     specs, envs = server_specs(mixed.replicas_deploy(workdir))
-    names = [*SERVERS, NOPREEMPT]
+    names = parse_servers(args.servers)
+    specs = {n: specs[n] for n in names}
+    measured = [n for n in SERVERS if n in names] or [names[0]]
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {n: {} for n in names}
     standalone: dict[str, dict[str, float]] = {}
     watchers: dict[str, LogWatcher] = {}
@@ -282,25 +294,27 @@ def run(args) -> dict[str, Any]:
             watchers[name] = LogWatcher(servers.log_path(name)).start()
             for cls in ("short", "long"):  # both groups pay their first calls
                 sync_burst(servers.url(name), _fields(args, cls, 1), GROUPS)
-        for name in SERVERS:
+        for name in measured:
             standalone[name] = standalone_times(servers.url(name), JobTracker(servers.url(name), watchers[name]), args)
             c.log(f"{name}: standalone {standalone[name]}")
         yard = {cls: min(s[cls] for s in standalone.values()) for cls in ("short", "long")}
         rate = capacity_rps(yard, args.short_share)
         schedules = {f"{load:g}": arrivals(load, rate, args.duration, args.short_share, args.seed) for load in loads}
         top = f"{max(loads):g}"
-        total = sum(len(s) for s in schedules.values()) * len(SERVERS) + len(schedules[top])
+        plays = {f"{load:g}": [n for n in names if n != NOPREEMPT or f"{load:g}" == top] for load in loads}
+        total = sum(len(schedules[k]) * len(v) for k, v in plays.items())
         progress = c.Progress("stream: requests", total)
         for load in loads:
             key = f"{load:g}"
-            for name in [*SERVERS, *([NOPREEMPT] if key == top else [])]:
+            for name in plays[key]:
                 tracker = JobTracker(servers.url(name), watchers[name])
                 raw[name][key] = play(servers.url(name), tracker, args, schedules[key], 10_000 * (1 + loads.index(load)), progress)
                 stats = stream_stats(raw[name][key], yard)
                 c.log(f"load {key} {name}: slo3 {stats['slo3_attainment']}, short p99 slowdown "
                       f"{stats['short']['p99_slowdown']}, {stats['refused']} refused")
         progress.close()
-        preempt = interactive_start(servers.url("slo"), watchers["slo"], args, yard["long"])
+        if "slo" in names:
+            preempt = interactive_start(servers.url("slo"), watchers["slo"], args, yard["long"])
     finally:
         for w in watchers.values():
             w.stop()
@@ -391,6 +405,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per load and server (150)")
     p.add_argument("--standalone-reps", type=int, default=None, help="standalone timings per class and server (median)")
     p.add_argument("--seed", type=int, default=None, help="the arrivals' seed")
+    p.add_argument("--servers", default=",".join([*SERVERS, NOPREEMPT]),
+                   help="comma-separated servers to run (of slo,fifo,stock,nopreempt; all by default). The yardstick "
+                        "and the capacity come from the ones run; a figure whose servers did not run has no value")
     c.add_host_options(p)
 
 

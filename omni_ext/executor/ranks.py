@@ -34,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import dataclasses
 import itertools
 import logging
 import os
@@ -55,6 +56,11 @@ from omni_ext.scheduler.cost import CostModel
 from omni_ext.scheduler.priority import request_deadline_s, request_priority, request_waited_s
 from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout
 from omni_ext.scheduler.queue import WARM_UP_PRIORITY, Entry, JobQueue, is_warm_up
+
+#: While the next job waits with a deadline and no pause is made for it, the queue looks again this
+#: often: whether it would miss its deadline by waiting changes as running jobs turn out slower than
+#: predicted (two jobs side by side on a CPU host), with no event to say so.
+RECHECK_S = 0.2
 
 logger = logging.getLogger("omni_ext.executor")
 
@@ -151,6 +157,7 @@ class RankQueue:
         # vLLM-Omni's request scheduler gathers a burst itself before it hands a wave over
         # (--request-batch-max-wait-ms): placement's settle (rule 5) would only wait a second time.
         self.settled_s = sched.settle_s if engine_settles else 0.0
+        self._recheck_at: float | None = None  # when a pending deadline re-check dispatches (one timer at a time)
 
     @property
     def costs(self) -> CostModel:
@@ -508,6 +515,37 @@ class RankQueue:
         timer.daemon = True
         timer.start()
 
+    def _recheck_after(self, seconds: float) -> None:
+        """Dispatch again in ``seconds`` for a job that waits with a deadline: whether it would miss it
+        by waiting changes as running jobs turn out slower or faster than predicted, with no event
+        to say so. One such timer at a time (an earlier one stands)."""
+        at = time.monotonic() + seconds
+        if self._recheck_at is not None and self._recheck_at <= at + 1e-3:
+            return
+        self._recheck_at = at
+
+        def again() -> None:
+            with self.lock:
+                if self._recheck_at == at:
+                    self._recheck_at = None
+                self.dispatch()
+
+        timer = threading.Timer(seconds, again)
+        timer.daemon = True
+        timer.start()
+
+    def _refresh_steps(self) -> None:
+        """The running jobs' measured denoise steps, from their lead rank's step reports (the
+        progress files the API process reads too): what a job has left is its steps left at its
+        measured step time, which takes in how much slower it runs beside others than alone."""
+        for entry in self.jobs.running():
+            job = entry.payload
+            if job.warm_up or job.all_ranks:
+                continue
+            step = progress.read_request(job.request_ids[0])
+            if step is not None and step.done > 0:
+                entry.steps = (step.done, step.total, step.t_last - step.t_start, step.before_loop_s)
+
     def dispatch(self) -> None:
         """Start what the order and placement rules allow now (under the lock; nothing while held):
         first the job a paused one paused for, then the paused jobs whose ranks are free again
@@ -528,9 +566,12 @@ class RankQueue:
             free = set(self.units.free_units(self.layout, self.busy)) - units_of([j for j in paused if j is not victim])
             for start in placement.next_placements([head.payload], free, self.layout, cfg_mode=self.cfg_mode, now=now):
                 self._start(start.job, start.ranks, start.mode, now)
+        if self.jobs.queued():
+            self._refresh_steps()
         for victim in paused:  # 2. then paused jobs resume as soon as their ranks are free (also when it could not start)
             if victim.is_paused and not victim.dropped and all(self.busy.get(r) is None for r in victim.ranks):
-                self._resume(victim, now)
+                if not self._pass_on(victim, paused, now):
+                    self._resume(victim, now)
         if not self.jobs.queued():
             return
         paused = [j for j in paused if j.pausing_for is not None]
@@ -544,34 +585,79 @@ class RankQueue:
             self._start(start.job, start.ranks, start.mode, now)
             free.difference_update(start.ranks)
         in_flight = any(not j.is_paused for j in paused)
-        if len(starts) < len(ordered) and self.preempts and not self.hold and not in_flight:
-            self._maybe_preempt(ordered[len(starts)], free, paused, now)
+        if len(starts) < len(ordered) and self.preempts and not self.hold:
+            head = ordered[len(starts)]
+            if in_flight or not self._maybe_preempt(head, free, paused, now):
+                ticket = self.entry(head).ticket
+                if ticket.deadline(self.sched.slo_factor) is not None:
+                    self._recheck_after(RECHECK_S)
 
-    def _maybe_preempt(self, head: Job, free: set[int], paused: list[Job], now: float) -> None:
+    def _candidate(self, j: Job, now: float, held: set[int] = frozenset()) -> preempt.Running:
+        """A running (or paused) job as :func:`omni_ext.scheduler.preempt.choose` sees it."""
+        entry = self.entry(j)
+        return preempt.Running(
+            j.job_id, entry.ticket.priority, tuple(sorted({self.units.unit_of(r) for r in j.ranks})),
+            remaining_s=self.jobs.remaining(entry, now), deadline=entry.ticket.deadline(self.sched.slo_factor),
+            preemptions=j.pauses,
+            # a batch is not paused: its members' deadlines differ, and vLLM-Omni's batch path has no pause point
+            preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)),
+        )
+
+    def _waiting(self, head: Job) -> preempt.Waiting:
+        ticket = self.entry(head).ticket
+        return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s,
+                               ticket.deadline(self.sched.slo_factor))
+
+    def _pass_on(self, victim: Job, paused: list[Job], now: float) -> bool:
+        """A paused job whose ranks are free again lets the next queued job through first when a
+        pause would be chosen for that job now (:func:`omni_ext.scheduler.preempt.choose` on the
+        ranks free besides it, counted as one more pause): resuming it only to pause it again a step
+        later would cost a step and a pause. True when the head started there."""
+        if not self.preempts or self.hold or victim.dropped:
+            return False
+        ordered = [e.payload for e in self.jobs.ordered(now, len(self.layout.groups))]
+        if not ordered or ordered[0].all_ranks or ordered[0].warm_up:
+            return False
+        head = ordered[0]
+        others = {self.units.unit_of(r) for j in paused if j is not victim for r in j.ranks}
+        free = set(self.units.free_units(self.layout, self.busy)) - others
+        victim_units = {self.units.unit_of(r) for r in victim.ranks}
+        # the jobs running elsewhere count for how long the head would wait, but only this one pauses
+        cands = [self._candidate(victim, now)] + [
+            dataclasses.replace(self._candidate(j, now), preemptible=False)
+            for j in self.running() if not (j.all_ranks or j.is_paused or j.pausing_for is not None)]
+        choice = preempt.choose(self._waiting(head), cands, free - victim_units, self.layout,
+                                now=now, cfg_mode=self.cfg_mode, max_preemptions=self.sched.max_preemptions)
+        if choice is None or choice.victim != victim.job_id:
+            return False
+        starts = placement.next_placements([head], victim_units, self.layout, cfg_mode=self.cfg_mode, now=now)
+        if not starts:
+            return False
+        victim.pausing_for, victim.pause_reason, victim.pauses = head.job_id, choice.reason, victim.pauses + 1
+        self.preemptions[choice.reason] = self.preemptions.get(choice.reason, 0) + 1
+        logger.info("omni-ext: request %s stays paused on rank(s) %s for request %s (reason %s: %s; pause %d of at "
+                    "most %d)", victim.request_id, list(victim.ranks), head.request_id, choice.reason, choice.detail,
+                    victim.pauses, self.sched.max_preemptions)
+        progress.record_placement("preempt", victim.request_id, ranks=list(victim.ranks), reason=choice.reason,
+                                  for_request=head.request_id, paused=True)
+        self._report()
+        for start in starts:
+            self._start(start.job, start.ranks, start.mode, now)
+        return True
+
+    def _maybe_preempt(self, head: Job, free: set[int], paused: list[Job], now: float) -> bool:
         """Ask :func:`omni_ext.scheduler.preempt.choose` whether a running job pauses for ``head`` (one
         pause in flight at a time), and ask its ranks to pause. A job running over a paused one (on
-        any of its ranks) is not preemptible: a paused job waits for one job at a time."""
+        any of its ranks) is not preemptible: a paused job waits for one job at a time. True when
+        a pause was asked."""
         if head.all_ranks or head.warm_up:
-            return
-        slo = self.sched.slo_factor
+            return False
         held = {r for j in paused for r in j.ranks}
-        cands = []
-        for j in self.running():
-            if j.all_ranks or j.pausing_for is not None:
-                continue
-            entry = self.entry(j)
-            cands.append(preempt.Running(
-                j.job_id, entry.ticket.priority, tuple(sorted({self.units.unit_of(r) for r in j.ranks})),
-                remaining_s=self.jobs.remaining(entry, now), deadline=entry.ticket.deadline(slo), preemptions=j.pauses,
-                # a batch is not paused: its members' deadlines differ, and vLLM-Omni's batch path has no pause point
-                preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)),
-            ))
-        ticket = self.entry(head).ticket
-        want = preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, ticket.deadline(slo))
-        choice = preempt.choose(want, cands, free, self.layout, now=now, cfg_mode=self.cfg_mode,
+        cands = [self._candidate(j, now, held) for j in self.running() if not (j.all_ranks or j.pausing_for is not None)]
+        choice = preempt.choose(self._waiting(head), cands, free, self.layout, now=now, cfg_mode=self.cfg_mode,
                                 max_preemptions=self.sched.max_preemptions)
         if choice is None:
-            return
+            return False
         victim = self.jobs.entries[choice.victim].payload
         victim.pausing_for, victim.pause_reason = head.job_id, choice.reason
         victim.paused.clear()
@@ -585,6 +671,7 @@ class RankQueue:
                     head.request_id, choice.reason, choice.detail)
         progress.record_placement("preempt", victim.request_id, ranks=list(victim.ranks), reason=choice.reason,
                                   for_request=head.request_id)
+        return True
 
     def _resume(self, job: Job, now: float) -> None:
         paused_s = now - (job.paused_at or now)

@@ -30,6 +30,8 @@ collective another has not entered.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +56,7 @@ class Role:
     sp_rank: int = 0  # this process's rank in its unit (0: the unit's leader)
     pauses: int = 0  # times the current job has paused (its next pause is number pauses + 1)
     pause_hook: Any = None  # called at an agreed pause step; blocks until the job resumes (the worker's)
+    paused_s: float = 0.0  # seconds the current job has spent paused (its step reports leave them out)
 
 
 ROLE = Role()
@@ -71,6 +74,7 @@ def set_role(mode: str, cfg_rank: int = 0, cfg_size: int = 1, seq: int = 0, rank
     ROLE.step = 0
     ROLE.sp_rank = sp_rank
     ROLE.pauses = 0
+    ROLE.paused_s = 0.0
     ROLE.pause_hook = None
     if not ranks and mode == JobMode.PAIR and cfg_size == 2:
         lead = ROLE.rank - cfg_rank
@@ -170,7 +174,9 @@ def pause_here() -> None:
     ROLE.pauses += 1
     hook = ROLE.pause_hook
     if hook is not None:
-        hook()
+        t0 = time.monotonic()
+        hook()  # restores this job's ROLE before it returns
+        ROLE.paused_s += time.monotonic() - t0
 
 
 def boundary() -> str:

@@ -50,9 +50,15 @@ class _ReportingBar:
         from omni_ext.progress import write_progress
         from omni_ext.executor.role import check_step_cancel
 
+        from omni_ext.executor.role import ROLE
+
         self._done += int(n)
         if self._ids:
-            write_progress(self._ids, self._done, self._total, self._t0, self._mode, self._t_job)
+            # a job paused by step-level preemption: its loop (and the job) started later by the time
+            # it was paused, so that the rate of its steps, what its remaining time is predicted from, leaves it out
+            shift = ROLE.paused_s
+            write_progress(self._ids, self._done, self._total, self._t0 + shift, self._mode,
+                           None if self._t_job is None else self._t_job + shift)
         result = self._bar.update(n)
         check_request_cancellation()
         check_step_cancel()  # omni-ext's TunedExecutor: a cancelled single-rank job stops here
