@@ -433,3 +433,25 @@ def test_step_reports_after_a_pause_leave_the_paused_time_out(tmp_path, monkeypa
     assert ROLE.paused_s >= 5.05 and ROLE.pauses == 1
     set_role("none")
     assert ROLE.paused_s == 0.0
+
+
+def test_the_queue_behind_the_head_sets_the_deadline_it_is_judged_by() -> None:
+    """A queue of short jobs behind two long ones: the head meets its own deadline by waiting, the
+    third does not; the head is judged by the deadline that job needs (its own less the two runs
+    before it on the same ranks), and a pause is made for it."""
+    from omni_ext.scheduler.preempt import queue_deadline
+
+    slots = [5.0, 5.0]
+    assert queue_deadline(0.0, slots, [(0.5, 10.0), (0.5, 10.0), (0.5, 5.8)], 2) == pytest.approx(4.8)
+    assert queue_deadline(0.0, slots, [(0.5, 10.0), (0.5, 10.0), (0.5, 6.5)], 2) == 10.0  # all in time
+    assert queue_deadline(0.0, slots, [(0.5, None), (0.5, 5.2)], 2) == pytest.approx(4.7)
+    assert queue_deadline(0.0, [], [], 2) is None
+    assert queue_deadline(0.0, slots, [(0.5, 10.0), (None, 1.0), (0.5, 1.0)], 2) == 10.0  # unpredicted: the look ends
+    assert queue_deadline(0.0, slots, [(0.5, 10.0)] + [(0.5, 10.0)] * 8 + [(0.5, 1.0)], 2, depth=8) == 10.0
+    one = Layout.regular(1, 1)
+    head = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5,
+                   deadline=queue_deadline(0.0, [5.0], [(0.5, 10.0), (0.5, 5.0)], 1))
+    got = choose(head, [Running("l", 0, (0,), remaining_s=5.0, deadline=100.0)], [], one, now=0.0)
+    assert got is not None and got.victim == "l"
+    alone = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=10.0)
+    assert choose(alone, [Running("l", 0, (0,), remaining_s=5.0, deadline=100.0)], [], one, now=0.0) is None

@@ -603,10 +603,26 @@ class RankQueue:
             preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)),
         )
 
-    def _waiting(self, head: Job) -> preempt.Waiting:
+    def _waiting(self, head: Job, now: float) -> preempt.Waiting:
+        """The head as preemption judges it: its deadline, or an earlier one a job queued behind it
+        needs (:func:`omni_ext.scheduler.preempt.queue_deadline`)."""
+        slo = self.sched.slo_factor
         ticket = self.entry(head).ticket
-        return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s,
-                               ticket.deadline(self.sched.slo_factor))
+        queued = [e for e in self.jobs.ordered(now, len(self.layout.groups)) if e.payload is not head]
+        head_first = [(ticket.predicted_s, ticket.deadline(slo))] + [(e.ticket.predicted_s, e.ticket.deadline(slo))
+                                                                     for e in queued]
+        # a slot per running job, free once it and the job paused under it are done; a paused job
+        # whose ranks are free again (it resumes, unless it lets this head through) holds one too
+        def left(j: Job) -> float:
+            return self.jobs.remaining(self.entry(j), now) or 0.0
+
+        running = [j for j in self.running() if not j.all_ranks]
+        over = {j.pausing_for: j for j in running if j.is_paused}
+        active = {j.job_id for j in running if not j.is_paused}
+        slots = [left(j) + (left(over[j.job_id]) if j.job_id in over else 0.0) for j in running if not j.is_paused]
+        slots += [left(p) for p in running if p.is_paused and p.pausing_for not in active]
+        deadline = preempt.queue_deadline(now, slots, head_first, len(self.layout.groups))
+        return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, deadline)
 
     def _pass_on(self, victim: Job, paused: list[Job], now: float) -> bool:
         """A paused job whose ranks are free again lets the next queued job through first when a
@@ -626,7 +642,7 @@ class RankQueue:
         cands = [self._candidate(victim, now)] + [
             dataclasses.replace(self._candidate(j, now), preemptible=False)
             for j in self.running() if not (j.all_ranks or j.is_paused or j.pausing_for is not None)]
-        choice = preempt.choose(self._waiting(head), cands, free - victim_units, self.layout,
+        choice = preempt.choose(self._waiting(head, now), cands, free - victim_units, self.layout,
                                 now=now, cfg_mode=self.cfg_mode, max_preemptions=self.sched.max_preemptions)
         if choice is None or choice.victim != victim.job_id:
             return False
@@ -654,7 +670,7 @@ class RankQueue:
             return False
         held = {r for j in paused for r in j.ranks}
         cands = [self._candidate(j, now, held) for j in self.running() if not (j.all_ranks or j.pausing_for is not None)]
-        choice = preempt.choose(self._waiting(head), cands, free, self.layout, now=now, cfg_mode=self.cfg_mode,
+        choice = preempt.choose(self._waiting(head, now), cands, free, self.layout, now=now, cfg_mode=self.cfg_mode,
                                 max_preemptions=self.sched.max_preemptions)
         if choice is None:
             return False

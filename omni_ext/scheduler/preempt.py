@@ -24,6 +24,11 @@ Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions
    deadline, so no deadline is lost, and the head is late by its run instead of by a long job's
    (the tail of the short requests' slowdown is what a stream's users see).
 
+The jobs queued behind the head count too (:func:`queue_deadline`): when one of them would miss its
+deadline waiting, the head is judged by the deadline it must meet for that job to meet its own, run
+after it on the freed ranks. A pause is thus made for a queue of short jobs behind a long one, not
+only for the first of them.
+
 A victim must free ranks on which the head can start (placement's rules,
 :func:`~omni_ext.scheduler.placement.next_placements`, on the free ranks plus the victim's).
 
@@ -90,6 +95,34 @@ class Preemption:
     for_job: str
     reason: str
     detail: str
+
+
+def queue_deadline(now: float, slots_s: Sequence[float], queued: Sequence[tuple[float | None, float | None]],
+                   capacity: int, depth: int = 8) -> float | None:
+    """The deadline the head of the queue is judged by: its own, or earlier when a job queued behind
+    it would miss its deadline waiting for a slot. ``slots_s``: seconds until each busy slot frees;
+    ``queued``: (predicted seconds, deadline) of the queued jobs in start order, the head first; the
+    first ``depth`` are looked at. Job ``i`` that misses its deadline in the list schedule of the
+    slots (:func:`~omni_ext.scheduler.admission.start_times`) asks the head to be done by its
+    deadline less the predicted runs of jobs 1..i after it on the same ranks."""
+    from omni_ext.scheduler.admission import start_times
+
+    if not queued:
+        return None
+    best = queued[0][1]
+    jobs = list(queued[:depth])
+    if any(p is None for p, _ in jobs):
+        jobs = jobs[:next(i for i, (p, _) in enumerate(jobs) if p is None)]
+    starts = start_times(list(slots_s), [p for p, _ in jobs], capacity)
+    behind = 0.0
+    for i, ((pred, deadline), start) in enumerate(zip(jobs, starts)):
+        if i == 0:
+            continue
+        behind += pred
+        if deadline is not None and now + start + pred > deadline:
+            need = deadline - behind
+            best = need if best is None else min(best, need)
+    return best
 
 
 def _fits(head: Waiting, free: Iterable[int], layout: Layout, cfg_mode: CfgMode, now: float) -> bool:
