@@ -400,6 +400,15 @@ def test_a_running_job_slower_than_predicted_is_seen_by_its_steps_and_the_waitin
     ex.answer(0, protocol.JobDone(short2.job_id, 0, DiffusionOutput(), True, 0.1))
     assert [m for _, m in ex.sent if isinstance(m, protocol.ResumeJob)] == [protocol.ResumeJob(long_.job_id)]
     assert progress.read_preemptions(tmp_path) == ({"priority": 0, "deadline": 2}, 0)
+    # a third short one: the long job's ranks pause it a second time (the token its workers expect:
+    # they paused it once; the pass-on was no pause of theirs), its third preemption of at most 3
+    short3 = ex.submit("video_u-0000000u", req(predicted_short * 1.5, 2))
+    assert long_.pausing_for == short3.job_id and ex.cancel_slots[PAUSE] == pause_token(long_.seq, 2)
+    ex.on_paused(0, protocol.Paused(long_.job_id, 0, 9))
+    assert short3.ranks == (0,) and long_.pauses == 3 and long_.stops == 2
+    ex.answer(0, protocol.JobDone(short3.job_id, 0, DiffusionOutput(), True, 0.1))
+    short4 = ex.submit("video_v-0000000v", req(predicted_short * 1.5, 2))
+    assert long_.pausing_for is None and not short4.ranks  # paused as often as it may be
 
 
 def test_step_reports_after_a_pause_leave_the_paused_time_out(tmp_path, monkeypatch) -> None:

@@ -85,7 +85,8 @@ class Job:
     longest_s: float = 0.0
     dropped: bool = False
     first_out: Any = None
-    pauses: int = 0  # times it paused (step-level preemption)
+    pauses: int = 0  # times it was preempted (step-level preemption; what max_preemptions bounds)
+    stops: int = 0  # times its ranks paused it at a step (a job kept paused for the next one pauses once)
     pausing_for: str | None = None  # the job it pauses for, from the request until it resumes
     pause_reason: str = ""
     paused: set[int] = field(default_factory=set)  # its ranks that answered Paused
@@ -428,7 +429,7 @@ class RankQueue:
                 self._post(rank, protocol.ResumeJob(job.job_id, drop=True))
             elif len(job.paused) == len(job.ranks):
                 now = time.monotonic()
-                job.paused_at, job.paused_step, job.pauses = now, msg.step, job.pauses + 1
+                job.paused_at, job.paused_step, job.pauses, job.stops = now, msg.step, job.pauses + 1, job.stops + 1
                 self.preemptions[job.pause_reason] = self.preemptions.get(job.pause_reason, 0) + 1
                 logger.info("omni-ext: paused request %s before step %d on rank(s) %s; its memory stays there "
                             "(pause %d of at most %d)", job.request_id, msg.step, list(job.ranks), job.pauses,
@@ -600,7 +601,8 @@ class RankQueue:
             remaining_s=self.jobs.remaining(entry, now), deadline=entry.ticket.deadline(self.sched.slo_factor),
             preemptions=j.pauses,
             # a batch is not paused: its members' deadlines differ, and vLLM-Omni's batch path has no pause point
-            preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)),
+            preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)
+                             or _loop_done(entry)),
         )
 
     def _waiting(self, head: Job, now: float) -> preempt.Waiting:
@@ -677,7 +679,7 @@ class RankQueue:
         victim = self.jobs.entries[choice.victim].payload
         victim.pausing_for, victim.pause_reason = head.job_id, choice.reason
         victim.paused.clear()
-        token = pause_token(victim.seq, victim.pauses + 1)
+        token = pause_token(victim.seq, victim.stops + 1)  # the workers number the pauses they made
         world = len(self.busy)
         for r in victim.ranks:
             if len(self.cancel_slots) >= board_size(world):
@@ -753,6 +755,11 @@ class RankQueue:
             progress.record_placement("start", rid, ranks=list(ranks), mode="warm-up" if job.all_ranks else mode.value,
                                       waited_s=waited, predicted_s=predicted,
                                       **({"batch": list(job.members)} if job.batched else {}))
+
+
+def _loop_done(entry: Entry[Job]) -> bool:
+    """Its denoise loop has passed its last step (decoding now): no step boundary is left to pause at."""
+    return bool(entry.steps) and entry.steps[0] >= entry.steps[1] > 0
 
 
 @dataclass
