@@ -83,7 +83,7 @@ def test_a_job_about_to_miss_its_deadline_preempts_one_with_slack() -> None:
 def test_scheduler_options_for_preemption() -> None:
     from omni_ext.scheduler.config import scheduler_config
 
-    assert SchedulerConfig().preempt is True and SchedulerConfig().max_preemptions == 4
+    assert SchedulerConfig().preempt is True and SchedulerConfig().max_preemptions == 8
     cfg = scheduler_config('{"omni_ext": {"scheduler": {"preempt": false, "max_preemptions": 1}}}')
     assert (cfg.preempt, cfg.max_preemptions) == (False, 1)
     with pytest.raises(ValueError, match="max_preemptions"):

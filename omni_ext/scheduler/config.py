@@ -70,11 +70,12 @@ class SchedulerConfig:
     later on the same ranks with the same output bytes (the rules: :mod:`omni_ext.scheduler.preempt`;
     the TunedExecutor with omni-ext's tuned pipelines only, never with a cache backend). An
     interactive request then waits one step of a long video instead of all of it.
-    ``max_preemptions`` (4): how often one job may be paused, so that nothing starves: a paused job
+    ``max_preemptions`` (8): how often one job may be paused, so that nothing starves: a paused job
     waits for one job at a time (when its ranks free up it resumes, or stays paused for the next
     job if that one would pause it again: one pause more), so its delay is at most this many runs
-    of other jobs. A deadline pause also keeps the paused job's own deadline (its slack); 4 lets a
-    long video let through the few short requests that arrive during its run on a busy stream.
+    of other jobs. A deadline pause also keeps the paused job's own deadline (its slack); 8 lets a
+    long video let through the short requests that arrive during its run on a busy stream (at
+    0.9 of capacity in ``omni-ext bench stream``, 4 was used up by both long jobs in turn).
     ``seconds_per_unit`` (None): seed of the cost model (seconds per cost unit) before the server
     has measured its own jobs; a preset writes it from its cost table.
     ``retry_margin_s`` (None: 5 % of ``max_wait_s``, at least 0.5 s): added to a Retry-After so
@@ -89,7 +90,7 @@ class SchedulerConfig:
     slo_factor: float = 3.0
     settle_s: float = 0.05
     preempt: bool = True
-    max_preemptions: int = 4
+    max_preemptions: int = 8
     seconds_per_unit: float | None = None
     retry_margin_s: float | None = None
 

@@ -32,7 +32,7 @@ only for the first of them.
 A victim must free ranks on which the head can start (placement's rules,
 :func:`~omni_ext.scheduler.placement.next_placements`, on the free ranks plus the victim's).
 
-**Nothing starves.** A job is paused at most ``max_preemptions`` times (option, default 4); the job
+**Nothing starves.** A job is paused at most ``max_preemptions`` times (option, default 8); the job
 that runs while another is paused on its ranks cannot be paused itself (the executor marks it not
 ``preemptible``), so a paused job waits for one job at a time. When its ranks free up it resumes
 before anything else starts there, unless this function would pause it again for the next job (the
@@ -130,7 +130,7 @@ def _fits(head: Waiting, free: Iterable[int], layout: Layout, cfg_mode: CfgMode,
 
 
 def choose(head: Waiting, running: Sequence[Running], free_units: Iterable[int], layout: Layout, *,
-           now: float, cfg_mode: CfgMode = CfgMode.PAIR, max_preemptions: int = 4) -> Preemption | None:
+           now: float, cfg_mode: CfgMode = CfgMode.PAIR, max_preemptions: int = 8) -> Preemption | None:
     """The preemption to make now for ``head`` (see the module docstring), or None."""
     free = set(free_units)
     if _fits(head, free, layout, cfg_mode, now):
