@@ -27,6 +27,14 @@ def test_classes_and_loads_are_parsed_and_bad_ones_named() -> None:
         st.parse_loads("0.5,3")
 
 
+def test_servers_are_a_subset_in_the_benchmarks_order() -> None:
+    assert st.parse_servers("stock,slo") == ["slo", "stock"]
+    assert st.parse_servers("slo,fifo,stock,nopreempt") == ["slo", "fifo", "stock", "nopreempt"]
+    for bad in ("", "slo,vllm", " , "):
+        with pytest.raises(ValueError, match="--servers"):
+            st.parse_servers(bad)
+
+
 def test_arrivals_are_seeded_poisson_at_the_asked_share_of_capacity() -> None:
     cap = st.capacity_rps({"short": 1.0, "long": 8.0}, 0.75)
     assert cap == pytest.approx(2 / (0.75 * 1.0 + 0.25 * 8.0))
