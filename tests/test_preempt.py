@@ -448,19 +448,37 @@ def test_the_queue_behind_the_head_sets_the_deadline_it_is_judged_by() -> None:
     """A queue of short jobs behind two long ones: the head meets its own deadline by waiting, the
     third does not; the head is judged by the deadline that job needs (its own less the two runs
     before it on the same ranks), and a pause is made for it."""
-    from omni_ext.scheduler.preempt import queue_deadline
+    from omni_ext.scheduler.preempt import queue_pressure
 
     slots = [5.0, 5.0]
-    assert queue_deadline(0.0, slots, [(0.5, 10.0), (0.5, 10.0), (0.5, 5.8)], 2) == pytest.approx(4.8)
-    assert queue_deadline(0.0, slots, [(0.5, 10.0), (0.5, 10.0), (0.5, 6.5)], 2) == 10.0  # all in time
-    assert queue_deadline(0.0, slots, [(0.5, None), (0.5, 5.2)], 2) == pytest.approx(4.7)
-    assert queue_deadline(0.0, [], [], 2) is None
-    assert queue_deadline(0.0, slots, [(0.5, 10.0), (None, 1.0), (0.5, 1.0)], 2) == 10.0  # unpredicted: the look ends
-    assert queue_deadline(0.0, slots, [(0.5, 10.0)] + [(0.5, 10.0)] * 8 + [(0.5, 1.0)], 2, depth=8) == 10.0
+    assert queue_pressure(0.0, slots, [(0.5, 10.0), (0.5, 10.0), (0.5, 5.8)], 2) == (pytest.approx(4.8), 1)
+    assert queue_pressure(0.0, slots, [(0.5, 10.0), (0.5, 10.0), (0.5, 6.5)], 2) == (10.0, 0)  # all in time
+    assert queue_pressure(0.0, slots, [(0.5, None), (0.5, 5.2)], 2) == (pytest.approx(4.7), 1)
+    assert queue_pressure(0.0, slots, [(0.5, 5.2), (0.5, 5.2)], 2) == (pytest.approx(4.7), 2)
+    assert queue_pressure(0.0, [], [], 2) == (None, 0)
+    assert queue_pressure(0.0, slots, [(0.5, 10.0), (None, 1.0), (0.5, 1.0)], 2) == (10.0, 0)  # unpredicted: the look ends
+    assert queue_pressure(0.0, slots, [(0.5, 10.0)] + [(0.5, 10.0)] * 8 + [(0.5, 1.0)], 2, depth=8) == (10.0, 0)
     one = Layout.regular(1, 1)
-    head = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5,
-                   deadline=queue_deadline(0.0, [5.0], [(0.5, 10.0), (0.5, 5.0)], 1))
+    deadline, at_risk = queue_pressure(0.0, [5.0], [(0.5, 10.0), (0.5, 5.0)], 1)
+    head = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=deadline, at_risk=at_risk)
     got = choose(head, [Running("l", 0, (0,), remaining_s=5.0, deadline=100.0)], [], one, now=0.0)
     assert got is not None and got.victim == "l"
     alone = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=10.0)
     assert choose(alone, [Running("l", 0, (0,), remaining_s=5.0, deadline=100.0)], [], one, now=0.0) is None
+
+
+def test_a_victim_without_slack_pauses_only_when_two_or_more_deadlines_are_saved() -> None:
+    """Count-based attainment: a long job that would be late after the pause (no slack) is paused
+    when the head and a job behind it would both miss theirs waiting (two saved for at most one
+    lost), not for the head alone (one for one); of several, the one least late after it."""
+    one = Layout.regular(1, 1)
+    tight = Running("l", 0, (0,), remaining_s=5.0, deadline=5.2)
+    head = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=2.0)
+    assert choose(head, [tight], [], one, now=0.0) is None
+    two = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=2.0, at_risk=2)
+    assert choose(two, [tight], [], one, now=0.0).victim == "l"
+    a, b = Running("a", 0, (0,), remaining_s=5.0, deadline=4.0), Running("b", 0, (1,), remaining_s=5.0, deadline=5.0)
+    assert choose(two, [a, b], [], Layout.regular(2, 1), now=0.0).victim == "b"
+    # the bound on preemptions and the gain still hold
+    assert choose(two, [Running("l", 0, (0,), remaining_s=5.0, deadline=5.2, preemptions=8)], [], one, now=0.0) is None
+    assert choose(two, [Running("l", 0, (0,), remaining_s=0.9, deadline=5.2)], [], one, now=0.0) is None

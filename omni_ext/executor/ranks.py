@@ -607,7 +607,7 @@ class RankQueue:
 
     def _waiting(self, head: Job, now: float) -> preempt.Waiting:
         """The head as preemption judges it: its deadline, or an earlier one a job queued behind it
-        needs (:func:`omni_ext.scheduler.preempt.queue_deadline`)."""
+        needs (:func:`omni_ext.scheduler.preempt.queue_pressure`)."""
         slo = self.sched.slo_factor
         ticket = self.entry(head).ticket
         queued = [e for e in self.jobs.ordered(now, len(self.layout.groups)) if e.payload is not head]
@@ -623,8 +623,8 @@ class RankQueue:
         active = {j.job_id for j in running if not j.is_paused}
         slots = [left(j) + (left(over[j.job_id]) if j.job_id in over else 0.0) for j in running if not j.is_paused]
         slots += [left(p) for p in running if p.is_paused and p.pausing_for not in active]
-        deadline = preempt.queue_deadline(now, slots, head_first, len(self.layout.groups))
-        return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, deadline)
+        deadline, at_risk = preempt.queue_pressure(now, slots, head_first, len(self.layout.groups))
+        return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, deadline, at_risk)
 
     def _pass_on(self, victim: Job, paused: list[Job], now: float) -> bool:
         """A paused job whose ranks are free again lets the next queued job through first when a

@@ -24,10 +24,15 @@ Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions
    deadline, so no deadline is lost, and the head is late by its run instead of by a long job's
    (the tail of the short requests' slowdown is what a stream's users see).
 
-The jobs queued behind the head count too (:func:`queue_deadline`): when one of them would miss its
+The jobs queued behind the head count too (:func:`queue_pressure`): when one of them would miss its
 deadline waiting, the head is judged by the deadline it must meet for that job to meet its own, run
 after it on the freed ranks. A pause is thus made for a queue of short jobs behind a long one, not
 only for the first of them.
+
+When the head and at least one job queued behind it would miss their deadlines waiting
+(:func:`queue_pressure`), a victim without the slack to meet its own deadline may pause too (the
+one least late after it): two or more deadlines are saved for at most one. Otherwise the victim
+keeps its own.
 
 A victim must free ranks on which the head can start (placement's rules,
 :func:`~omni_ext.scheduler.placement.next_placements`, on the free ranks plus the victim's).
@@ -84,6 +89,7 @@ class Waiting:
     priority: int = 0
     predicted_s: float | None = None
     deadline: float | None = None
+    at_risk: int = 1  # queued jobs (it and those behind it) that would miss their deadline waiting
 
 
 @dataclass(frozen=True)
@@ -97,32 +103,36 @@ class Preemption:
     detail: str
 
 
-def queue_deadline(now: float, slots_s: Sequence[float], queued: Sequence[tuple[float | None, float | None]],
-                   capacity: int, depth: int = 8) -> float | None:
-    """The deadline the head of the queue is judged by: its own, or earlier when a job queued behind
-    it would miss its deadline waiting for a slot. ``slots_s``: seconds until each busy slot frees;
-    ``queued``: (predicted seconds, deadline) of the queued jobs in start order, the head first; the
-    first ``depth`` are looked at. Job ``i`` that misses its deadline in the list schedule of the
-    slots (:func:`~omni_ext.scheduler.admission.start_times`) asks the head to be done by its
-    deadline less the predicted runs of jobs 1..i after it on the same ranks."""
+def queue_pressure(now: float, slots_s: Sequence[float], queued: Sequence[tuple[float | None, float | None]],
+                   capacity: int, depth: int = 8) -> tuple[float | None, int]:
+    """(the deadline the head of the queue is judged by, how many queued jobs would miss theirs).
+
+    ``slots_s``: seconds until each busy slot frees; ``queued``: (predicted seconds, deadline) of the
+    queued jobs in start order, the head first; the first ``depth`` are looked at (up to the first
+    one not predicted). In the list schedule of the slots
+    (:func:`~omni_ext.scheduler.admission.start_times`), a job that misses its deadline waiting
+    counts as at risk; job ``i`` behind the head that does asks the head to be done by its
+    deadline less the predicted runs of jobs 1..i after it on the same ranks (the head's deadline
+    is the earliest of those and its own)."""
     from omni_ext.scheduler.admission import start_times
 
     if not queued:
-        return None
+        return None, 0
     best = queued[0][1]
     jobs = list(queued[:depth])
     if any(p is None for p, _ in jobs):
         jobs = jobs[:next(i for i, (p, _) in enumerate(jobs) if p is None)]
     starts = start_times(list(slots_s), [p for p, _ in jobs], capacity)
-    behind = 0.0
+    behind, at_risk = 0.0, 0
     for i, ((pred, deadline), start) in enumerate(zip(jobs, starts)):
-        if i == 0:
+        behind += pred if i else 0.0
+        if deadline is None or now + start + pred <= deadline:
             continue
-        behind += pred
-        if deadline is not None and now + start + pred > deadline:
+        at_risk += 1
+        if i:
             need = deadline - behind
             best = need if best is None else min(best, need)
-    return best
+    return best, at_risk
 
 
 def _fits(head: Waiting, free: Iterable[int], layout: Layout, cfg_mode: CfgMode, now: float) -> bool:
@@ -154,7 +164,10 @@ def choose(head: Waiting, running: Sequence[Running], free_units: Iterable[int],
     slack = {r.id: r.deadline - (now + r.remaining_s + head.predicted_s) for r in allowed
              if r.priority >= head.priority and r.deadline is not None and r.remaining_s is not None
              and r.remaining_s >= MIN_GAIN * head.predicted_s}
-    slack = {k: v for k, v in slack.items() if v >= 0}
+    kept = {k: v for k, v in slack.items() if v >= 0}
+    if not kept and head.at_risk >= 2:
+        kept = slack  # two or more deadlines saved for at most one: the victim least late after it pauses
+    slack = kept
     if not slack:
         return None
     victim_id = max(slack, key=lambda k: (slack[k], k))
