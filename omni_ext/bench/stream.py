@@ -16,7 +16,9 @@ Steps:
 
 1. each class alone on each server, ``--standalone-reps`` times: a request's slowdown is its latency
    over the *fastest* server's median standalone time of its class (one yardstick for all servers);
-2. the capacity: two groups over the mix's mean standalone seconds (requests/s);
+2. the capacity, measured: two groups over the mix's mean standalone seconds, divided by how much
+   slower two long jobs sent together run than one alone (the host's contention: both groups share
+   its cores with the API and engine processes; the least of the servers', so the highest capacity);
 3. per load: Poisson arrivals (``--seed``) of the mix at ``load`` x capacity for ``--duration``
    seconds, sent open loop (each ``POST /v1/videos`` at its time, whatever the server does), then every
    job waited for. A refused request (429) counts as a miss;
@@ -233,6 +235,18 @@ def play(url: str, tracker: JobTracker, args, schedule: list[tuple[float, str]],
     return out
 
 
+def contention(url: str, tracker: JobTracker, args, alone_s: float) -> float:
+    """How much slower each of two long requests sent together runs than one alone on this server:
+    their mean latency over ``alone_s`` (median over ``--standalone-reps``, at least 1)."""
+    ratios = []
+    for rep in range(args.standalone_reps):
+        runs = play(url, tracker, args, [(0.0, "long"), (0.0, "long")], 800 + 2 * rep, None)
+        if any(r["status"] != "completed" for r in runs):
+            raise RuntimeError(f"{url}: a pair of long requests did not complete: {runs}")
+        ratios.append(sum(r["latency_s"] for r in runs) / len(runs) / alone_s)
+    return round(max(1.0, c.median(ratios)), 3)
+
+
 def standalone_times(url: str, tracker: JobTracker, args) -> dict[str, float]:
     """Median seconds of each class alone on this server, timed as the stream's requests are (an
     asynchronous job, from its send to its stored video)."""
@@ -298,7 +312,10 @@ def run(args) -> dict[str, Any]:
             standalone[name] = standalone_times(servers.url(name), JobTracker(servers.url(name), watchers[name]), args)
             c.log(f"{name}: standalone {standalone[name]}")
         yard = {cls: min(s[cls] for s in standalone.values()) for cls in ("short", "long")}
-        rate = capacity_rps(yard, args.short_share)
+        together = {name: contention(servers.url(name), JobTracker(servers.url(name), watchers[name]), args,
+                                     standalone[name]["long"]) for name in measured}
+        c.log(f"two long jobs at once, each over alone: {together}")
+        rate = capacity_rps(yard, args.short_share) / min(together.values())
         schedules = {f"{load:g}": arrivals(load, rate, args.duration, args.short_share, args.seed) for load in loads}
         top = f"{max(loads):g}"
         plays = {f"{load:g}": [n for n in names if n != NOPREEMPT or f"{load:g}" == top] for load in loads}
@@ -323,7 +340,8 @@ def run(args) -> dict[str, Any]:
     facts = {"model": f"tiny Wan2.1-T2V '{args.model_size}' (random weights, float32)", "groups": GROUPS,
              "size": args.size, "classes": {k: {"frames": f, "steps": s} for k, (f, s) in args.classes.items()},
              "short_share": args.short_share, "loads": loads, "duration_s": args.duration, "seed": args.seed,
-             "capacity_rps": _r(rate), "arrivals": {k: len(v) for k, v in schedules.items()},
+             "capacity_rps": _r(rate), "capacity_rps_alone": _r(capacity_rps(yard, args.short_share)),
+             "two_jobs_over_alone": together, "arrivals": {k: len(v) for k, v in schedules.items()},
              "server_commands": servers.commands, "workdir": str(workdir)}
     return summarize(raw, standalone, loads, preempt, host, facts)
 
@@ -344,7 +362,10 @@ def table(result: dict[str, Any]) -> str:
     y = result["yardstick_s"]
     out.append(f"standalone (fastest server's median, the yardstick of every server): short {c.fmt(y['short'], 2)} s, "
                f"long {c.fmt(y['long'], 2)} s ({c.fmt(result['cost_ratio_long_over_short'], 1)}x); "
-               f"capacity {c.fmt(result.get('capacity_rps'))} req/s on {result.get('groups')} groups")
+               f"capacity {c.fmt(result.get('capacity_rps'))} req/s on {result.get('groups')} groups"
+               + (f" (measured: {c.fmt(result['capacity_rps_alone'])} req/s at standalone speed, over two long jobs "
+                  f"at once each {c.fmt(min(result['two_jobs_over_alone'].values()), 3)}x slower than alone)"
+                  if result.get("two_jobs_over_alone") else ""))
     out += c.not_a_measurement(result)
     return "\n\n".join(out)
 
