@@ -482,17 +482,3 @@ def test_a_victim_without_slack_pauses_only_when_two_or_more_deadlines_are_saved
     # the bound on preemptions and the gain still hold
     assert choose(two, [Running("l", 0, (0,), remaining_s=5.0, deadline=5.2, preemptions=8)], [], one, now=0.0) is None
     assert choose(two, [Running("l", 0, (0,), remaining_s=0.9, deadline=5.2)], [], one, now=0.0) is None
-
-
-def test_a_deadline_pause_is_only_for_a_job_queued_after_the_victim_started() -> None:
-    """A burst: the order started the long job first (longest first, for the makespan) while the short
-    one was queued; a pause for the short one would undo that choice. A short job queued after the
-    long one started may pause it. A better priority pauses either way."""
-    one = Layout.regular(1, 1)
-    long_ = Running("l", 0, (0,), remaining_s=5.0, deadline=100.0, started=10.0)
-    queued_before = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=11.0, arrival=9.0)
-    queued_after = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=11.0, arrival=10.5)
-    assert choose(queued_before, [long_], [], one, now=10.5) is None
-    assert choose(queued_after, [long_], [], one, now=10.5).victim == "l"
-    urgent = Waiting("u", JobNeeds(JobMode.SINGLE), priority=-1, predicted_s=0.5, arrival=9.0)
-    assert choose(urgent, [long_], [], one, now=10.5).reason == "priority"

@@ -22,9 +22,7 @@ Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions
    cost of a pause, so it is not made. A head that misses its deadline even if it started now (it
    waited too long already, or its deadline is tight) is still let out: the victim keeps its own
    deadline, so no deadline is lost, and the head is late by its run instead of by a long job's
-   (the tail of the short requests' slowdown is what a stream's users see). Only a job that started
-   before the head was queued pauses for a deadline: the order chose it knowing of the jobs queued
-   then (a burst's longest first, for its makespan), and a pause would only undo that choice.
+   (the tail of the short requests' slowdown is what a stream's users see).
 
 The jobs queued behind the head count too (:func:`queue_pressure`): when one of them would miss its
 deadline waiting, the head is judged by the deadline it must meet for that job to meet its own, run
@@ -79,7 +77,6 @@ class Running:
     deadline: float | None = None
     preemptions: int = 0
     preemptible: bool = True
-    started: float | None = None  # when it started (caller's clock; None: unknown)
 
 
 @dataclass(frozen=True)
@@ -93,7 +90,6 @@ class Waiting:
     predicted_s: float | None = None
     deadline: float | None = None
     at_risk: int = 1  # queued jobs (it and those behind it) that would miss their deadline waiting
-    arrival: float | None = None  # when it was queued (caller's clock; None: unknown)
 
 
 @dataclass(frozen=True)
@@ -139,14 +135,6 @@ def queue_pressure(now: float, slots_s: Sequence[float], queued: Sequence[tuple[
     return best, at_risk
 
 
-def _came_after(head: Waiting, r: Running) -> bool:
-    """The head was queued after ``r`` started: the order chose ``r`` without knowing of it. A job
-    that was queued when ``r`` started was weighed against it then (the order's rules, its makespan
-    guard among them): a deadline pause would only undo that choice (in a burst, longest first
-    packed for the makespan, and a pause for a short job queued with it would unpack it)."""
-    return head.arrival is None or r.started is None or head.arrival > r.started
-
-
 def _fits(head: Waiting, free: Iterable[int], layout: Layout, cfg_mode: CfgMode, now: float) -> bool:
     return bool(next_placements([head], set(free), layout, cfg_mode=cfg_mode, now=now, settle_s=0.0))
 
@@ -175,7 +163,7 @@ def choose(head: Waiting, running: Sequence[Running], free_units: Iterable[int],
         return None  # it meets its deadline by waiting
     slack = {r.id: r.deadline - (now + r.remaining_s + head.predicted_s) for r in allowed
              if r.priority >= head.priority and r.deadline is not None and r.remaining_s is not None
-             and r.remaining_s >= MIN_GAIN * head.predicted_s and _came_after(head, r)}
+             and r.remaining_s >= MIN_GAIN * head.predicted_s}
     kept = {k: v for k, v in slack.items() if v >= 0}
     if not kept and head.at_risk >= 2:
         kept = slack  # two or more deadlines saved for at most one: the victim least late after it pauses
