@@ -482,3 +482,17 @@ def test_a_victim_without_slack_pauses_only_when_two_or_more_deadlines_are_saved
     # the bound on preemptions and the gain still hold
     assert choose(two, [Running("l", 0, (0,), remaining_s=5.0, deadline=5.2, preemptions=8)], [], one, now=0.0) is None
     assert choose(two, [Running("l", 0, (0,), remaining_s=0.9, deadline=5.2)], [], one, now=0.0) is None
+
+
+def test_deadline_pauses_belong_to_the_slo_order() -> None:
+    """Under ``order: cost`` (a burst's makespan) and ``fifo`` a job pauses only for priority."""
+    from omni_ext.scheduler.preempt import deadline_pauses
+
+    assert deadline_pauses("slo") and not deadline_pauses("cost") and not deadline_pauses("fifo")
+    one = Layout.regular(1, 1)
+    long_ = Running("l", 0, (0,), remaining_s=20.0, deadline=100.0)
+    head = Waiting("s", JobNeeds(JobMode.SINGLE), priority=0, predicted_s=2.0, deadline=6.0)
+    assert choose(head, [long_], [], one, now=0.0).reason == "deadline"
+    assert choose(head, [long_], [], one, now=0.0, deadlines=False) is None
+    urgent = Waiting("u", JobNeeds(JobMode.SINGLE), priority=-1, predicted_s=2.0)
+    assert choose(urgent, [long_], [], one, now=0.0, deadlines=False).reason == "priority"

@@ -645,7 +645,8 @@ class RankQueue:
             dataclasses.replace(self._candidate(j, now), preemptible=False)
             for j in self.running() if not (j.all_ranks or j.is_paused or j.pausing_for is not None)]
         choice = preempt.choose(self._waiting(head, now), cands, free - victim_units, self.layout,
-                                now=now, cfg_mode=self.cfg_mode, max_preemptions=self.sched.max_preemptions)
+                                now=now, cfg_mode=self.cfg_mode, max_preemptions=self.sched.max_preemptions,
+                                deadlines=preempt.deadline_pauses(self.sched.order))
         if choice is None or choice.victim != victim.job_id:
             return False
         starts = placement.next_placements([head], victim_units, self.layout, cfg_mode=self.cfg_mode, now=now)
@@ -673,7 +674,8 @@ class RankQueue:
         held = {r for j in paused for r in j.ranks}
         cands = [self._candidate(j, now, held) for j in self.running() if not (j.all_ranks or j.pausing_for is not None)]
         choice = preempt.choose(self._waiting(head, now), cands, free, self.layout, now=now, cfg_mode=self.cfg_mode,
-                                max_preemptions=self.sched.max_preemptions)
+                                max_preemptions=self.sched.max_preemptions,
+                                deadlines=preempt.deadline_pauses(self.sched.order))
         if choice is None:
             return False
         victim = self.jobs.entries[choice.victim].payload
