@@ -590,8 +590,8 @@ class RankQueue:
             head = ordered[len(starts)]
             if in_flight or not self._maybe_preempt(head, free, paused, now):
                 ticket = self.entry(head).ticket
-                if ticket.deadline(self.sched.slo_factor) is not None:
-                    self._recheck_after(RECHECK_S)
+                if preempt.deadline_pauses(self.sched.order) and ticket.deadline(self.sched.slo_factor) is not None:
+                    self._recheck_after(RECHECK_S)  # only a deadline can come due with no event
 
     def _candidate(self, j: Job, now: float, held: set[int] = frozenset()) -> preempt.Running:
         """A running (or paused) job as :func:`omni_ext.scheduler.preempt.choose` sees it."""
