@@ -118,12 +118,8 @@ def mark_started(request_ids: list[str], steps_total: int, mode: str | None = No
 def read_marker(request_id: str) -> tuple[float, str | None] | None:
     """Worker side, when a denoise loop begins: the start marker's (time, mode) of this engine request,
     for the step reports to carry on; None without a marker (vLLM-Omni's own executor)."""
-    root = progress_dir()
-    if root is None or "/" in request_id or request_id.startswith("."):
-        return None
-    try:
-        p = _parse((root / request_id).read_text())
-    except (OSError, ValueError):
+    p = read_request(request_id)
+    if p is None:
         return None
     if p.t_job is not None:
         return p.t_job, p.mode
@@ -165,7 +161,7 @@ class StepProgress:
 
 
 def read_request(request_id: str) -> StepProgress | None:
-    """Executor side: the step progress of one engine request (None: no file, or no progress dir)."""
+    """One engine request's progress file (None: none, or no progress dir): the executor's and the worker's read."""
     root = progress_dir()
     if root is None or "/" in request_id or request_id.startswith("."):
         return None

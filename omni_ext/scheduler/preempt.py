@@ -14,7 +14,8 @@ Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions
    priority, then the one with the most time left. Requested priority, not aged: aging orders the
    queue, it never pauses a running job of the same class.
 2. ``deadline`` (under the order ``"slo"`` only, :func:`deadline_pauses`): the head would miss its
-   deadline waiting for the first running job it fits after (``now + wait + predicted > deadline``), and a running job of the same or worse priority has the
+   deadline waiting for the first running job it fits after (``now + wait + predicted > deadline``),
+   and a running job of the same or worse priority has the
    slack to wait for it (it still meets its own deadline after the head's predicted run) and holds
    its ranks for at least :data:`MIN_GAIN` times the head's predicted time: the one with the most
    slack pauses. The last condition is what a pause buys: a short job out from behind a long one.
@@ -48,6 +49,7 @@ jobs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -119,9 +121,7 @@ def queue_pressure(now: float, slots_s: Sequence[float], queued: Sequence[tuple[
     if not queued:
         return None, 0
     best = queued[0][1]
-    jobs = list(queued[:depth])
-    if any(p is None for p, _ in jobs):
-        jobs = jobs[:next(i for i, (p, _) in enumerate(jobs) if p is None)]
+    jobs = list(itertools.takewhile(lambda job: job[0] is not None, queued[:depth]))
     starts = start_times(list(slots_s), [p for p, _ in jobs], capacity)
     behind, at_risk = 0.0, 0
     for i, ((pred, deadline), start) in enumerate(zip(jobs, starts)):
