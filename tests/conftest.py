@@ -151,6 +151,16 @@ def _start_the_pool_early(request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("server_pool").start()
 
 
+@pytest.fixture(autouse=True)
+def _drain_rank_queues():
+    """Stop the executor queues a test made without worker processes (tests.helpers.rank_queue)."""
+    yield
+    from tests.helpers import OPEN_RANK_QUEUES
+
+    while OPEN_RANK_QUEUES:
+        OPEN_RANK_QUEUES.pop().drain()
+
+
 _MODELS = pytest.StashKey[tuple]()  # (tiny models, tmp_path_factory): what a start ahead needs
 #: Start the next test's own servers ahead only while this much memory is available (GiB): the two
 #: sequence-parallel tests' servers together are 20 processes.

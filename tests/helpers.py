@@ -221,6 +221,11 @@ def serve_in_process(tmp_path: Path, limits: ModelLimits):
 
 
 # ---- the TunedExecutor's queue over its ranks, without worker processes (its pipes replaced by a list) ----
+#: The queues :func:`rank_queue` made in the running test, drained after it (tests/conftest.py): a queue
+#: left with a job waiting on a deadline re-arms its 0.2-s re-check timer for the rest of the session.
+OPEN_RANK_QUEUES: list = []
+
+
 def rank_queue(world: int = 2, cfg_size: int = 2, sp: int = 1, **options):
     """The TunedExecutor's :class:`~omni_ext.executor.ranks.RankQueue` for the Wan family on ``world``
     worker processes in CFG groups of ``cfg_size`` units of ``sp`` processes (sequence parallel); what it
@@ -235,6 +240,7 @@ def rank_queue(world: int = 2, cfg_size: int = 2, sp: int = 1, **options):
                    cfg_mode=sched.cfg_mode, send=lambda rank, msg: sent.append((rank, msg)), cancel_slots=[0] * board_size(world),
                    small_warmup=True, units=Units(sp))
     rq.sent = sent
+    OPEN_RANK_QUEUES.append(rq)
     return rq
 
 

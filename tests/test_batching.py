@@ -24,7 +24,7 @@ import requests
 
 from omni_ext.scheduler import batching
 from omni_ext.scheduler.cost import CostModel, batch_key, mode_key
-from tests.helpers import IMAGE, image_gen, png_from
+from tests.helpers import IMAGE, OPEN_RANK_QUEUES, image_gen, png_from
 
 TUNED = "omni_ext.executor.TunedExecutor"
 BATCHING = ["--max-num-seqs", "4", "--request-batch-max-wait-ms", "1500"]
@@ -77,6 +77,7 @@ def _queue(world: int, **kwargs):
     rq = RankQueue(Layout.regular(world, 1), sched, model_arch="QwenImagePipeline", tuned_model=True,
                    cfg_mode=sched.cfg_mode, send=lambda rank, msg: sent.append((rank, msg)),
                    cancel_slots=[0] * board_size(world), batch_key=lambda req: (req.sampling_params.width,), **kwargs)
+    OPEN_RANK_QUEUES.append(rq)
     return rq, sent
 
 

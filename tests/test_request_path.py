@@ -60,7 +60,7 @@ def trace_create_video(tmp_path: Path) -> tuple[Stays, Stays]:
     second create of a server (the first pays one-time imports)."""
     every: Stays = []
     read: Stays = []
-    state = {"on": False, "armed": False}
+    state = {"on": False, "armed": False, "thread": None}
     getters: set = set()
 
     def add(stays: Stays, rel: str, name: str) -> None:
@@ -76,7 +76,10 @@ def trace_create_video(tmp_path: Path) -> tuple[Stays, Stays]:
         ours = code.co_filename.startswith(ROOT)
         if ours and code.co_name == "create_video" and state["armed"]:
             state["on"] = event == "call"
-        if not state["on"]:
+            state["thread"] = threading.get_ident()
+        # only the route's own thread: the threads of other tests' executors (a deadline re-check
+        # timer) and the app's pool run on while the route runs, and are no part of its path
+        if not state["on"] or threading.get_ident() != state["thread"]:
             return
         where = code.co_filename if event == "call" else (frame.f_back.f_code.co_filename if frame.f_back else "")
         if not where.startswith(ROOT):
