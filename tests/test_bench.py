@@ -143,7 +143,10 @@ def test_server_commands_are_copy_pasteable() -> None:
     assert cfg[0] == "--additional-config"
     assert json.loads(cfg[1]) == {"omni_ext": {"data_parallel_size": 2, "scheduler": {"order": "fifo"}}}
     specs = mixed.server_specs()
-    assert {json.loads(a[-1])["omni_ext"]["scheduler"]["order"] for a in specs.values()} == {"cost", "fifo"}
+    assert {json.loads(a[-1])["omni_ext"]["scheduler"]["order"] for a in specs.values()} == {"slo", "fifo"}
+    from omni_ext.scheduler.config import SchedulerConfig
+
+    assert mixed.ORDERS[0] == SchedulerConfig().order  # the burst is judged on omni-ext's default order
     modes = {json.loads(a[-1])["omni_ext"]["scheduler"]["cfg_mode"] for a in adaptive.server_specs().values()}
     assert modes == set(adaptive.MODES)
     assert all("--cfg-parallel-size" in a for a in adaptive.server_specs().values())
@@ -262,14 +265,15 @@ def test_adaptive_on_a_busy_host_is_recorded_but_not_a_measurement() -> None:
 
 
 # ---- mixed ------------------------------------------------------------------------------------------
-def _mixed_raw(orders: dict[str, list[int]], cost_makespans: list[float], fifo_makespans: list[float]) -> dict:
+def _mixed_raw(orders: dict[str, list[int]], cost_makespans: list[float], fifo_makespans: list[float],
+               fifo_single: dict | None = None) -> dict:
     single = {"81": [7.4, 7.6], "17": [3.2, 3.4]}
 
     def bursts(ms):
         return {v: [{"makespan_s": m} for m in ms] for v in orders}
 
-    return {"cost": {"single": single, "bursts": bursts(cost_makespans)},
-            "fifo": {"single": single, "bursts": bursts(fifo_makespans)}}
+    return {"slo": {"single": single, "bursts": bursts(cost_makespans)},
+            "fifo": {"single": fifo_single or single, "bursts": bursts(fifo_makespans)}}
 
 
 FACTS_M = {"model_size": "med", "groups": 2, "request": {}, "frames": [81, 17, 81, 17, 81, 17], "single_reps": 2, "reps": 2}
@@ -289,7 +293,7 @@ def test_mixed_summary_bound_inputs_and_figures() -> None:
     assert fig["pass"] is True and fig["fifo_value"] == pytest.approx(18.7 / 16.2)
     assert fig["optimal_over_bound"] == pytest.approx(17.4 / 16.2)
     assert fig["over_host_adjusted_bound"] == pytest.approx((17.7 / 16.2) / (2 / 1.9))
-    given = r["by_server"]["cost"]["orders"]["given"]
+    given = r["by_server"]["slo"]["orders"]["given"]
     assert given["predicted_fifo_makespan_s"] == pytest.approx(18.3)
     assert given["predicted_lpt_makespan_s"] == pytest.approx(17.4)
     assert "mixed.worst_makespan_over_bound" not in r["figures"]
@@ -297,11 +301,29 @@ def test_mixed_summary_bound_inputs_and_figures() -> None:
     assert "order=fifo" in mixed.table(r)
 
 
+def test_mixed_has_one_bound_for_both_servers_and_a_goal_scaled_by_the_hosts_contention() -> None:
+    """Each length's time in the bound is the faster server's; the goal is 1.10 x how much slower two
+    concurrent bare jobs run than one alone (issue 19)."""
+    orders = s.arrival_orders(FACTS_M["frames"], False)
+    raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9], fifo_single={"81": [7.0, 7.2], "17": [3.6, 3.8]})
+    r = mixed.summarize(raw, orders, {"throughput_ratio": 1.6}, HOST, FACTS_M, {})
+    common = {"81": 7.1, "17": 3.3}
+    assert r["mixed"]["bound_inputs"]["single_job_s"] == common == r["mixed"]["fifo"]["bound_inputs"]["single_job_s"]
+    bound = (3 * 7.1 + 3 * 3.3) / 2
+    assert r["mixed"]["bound_inputs"]["bound_s"] == pytest.approx(bound)
+    fig = r["figures"]["mixed.makespan_over_bound"]
+    assert fig["value"] == pytest.approx(17.7 / bound) and fig["fifo_value"] == pytest.approx(18.7 / bound)
+    assert fig["goal_value"] == pytest.approx(1.10 * 2 / 1.6, abs=1e-4) and fig["two_jobs_at_once_slowdown"] == 1.25
+    assert r["by_server"]["fifo"]["single_job_s"] == {"81": pytest.approx(7.1), "17": pytest.approx(3.7)}
+    # without the ceiling the goal is the plain 1.10
+    assert mixed.summarize(raw, orders, None, HOST, FACTS_M, {})["figures"]["mixed.makespan_over_bound"]["goal_value"] == 1.10
+
+
 def test_mixed_reports_how_far_starts_fell_from_their_predicted_start() -> None:
     orders = s.arrival_orders(FACTS_M["frames"], False)
     raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9])
     errors = [0.1, -0.2, 0.3, 0.0, None, 0.5]  # None: no prediction (no rate known yet) or no start line
-    raw["cost"]["bursts"]["given"][0]["jobs"] = [{"start_error_s": e} for e in errors]
+    raw["slo"]["bursts"]["given"][0]["jobs"] = [{"start_error_s": e} for e in errors]
     r = mixed.summarize(raw, orders, None, HOST, FACTS_M, {})
     err = r["mixed"]["predicted_start_error_s"]
     assert (err["n"], err["p50"], err["max"]) == (5, pytest.approx(0.1), 0.5)
@@ -330,9 +352,9 @@ def test_mixed_across_replicas_compares_dispatch_with_stock(flag: list[str], ser
 def test_mixed_order_variants_report_the_worst_and_failed_bursts() -> None:
     orders = s.arrival_orders(FACTS_M["frames"], True)
     raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9])
-    raw["cost"]["bursts"]["longest_last"] = [{"makespan_s": 18.8}, {"makespan_s": None}]
+    raw["slo"]["bursts"]["longest_last"] = [{"makespan_s": 18.8}, {"makespan_s": None}]
     r = mixed.summarize(raw, orders, None, HOST, FACTS_M, {})
-    ll = r["by_server"]["cost"]["orders"]["longest_last"]
+    ll = r["by_server"]["slo"]["orders"]["longest_last"]
     assert ll["failed_bursts"] == 1 and ll["median_makespan_s"] == 18.8
     worst = r["figures"]["mixed.worst_makespan_over_bound"]
     assert worst["value"] == pytest.approx(18.8 / 16.2) and worst["pass"] is False

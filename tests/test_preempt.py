@@ -80,6 +80,58 @@ def test_a_job_about_to_miss_its_deadline_preempts_one_with_slack() -> None:
     assert choose(head, two, [], DP2, now=0.0).victim == "b"
 
 
+def test_a_deadline_pause_keeps_a_margin_for_prediction_errors() -> None:
+    """A waiting job that would end on its deadline by waiting, to the margin's share of its run, is
+    let out: a pause timed to end it exactly on time misses whenever it runs slower than predicted."""
+    from omni_ext.scheduler.preempt import DEADLINE_MARGIN
+
+    one = Layout.regular(1, 1)
+    head = Waiting("s", JobNeeds(JobMode.SINGLE), priority=0, predicted_s=0.5, deadline=3.0)
+    margin = DEADLINE_MARGIN * 0.5
+
+    def victim(wait: float) -> Running:
+        return Running("l", 0, (0,), remaining_s=wait, deadline=100.0)
+
+    inside = choose(head, [victim(2.5 - margin / 2)], [], one, now=0.0)  # ends inside the margin
+    assert inside is not None and inside.reason == "deadline"
+    assert "before its deadline, inside the margin" in inside.detail
+    assert choose(head, [victim(2.5 - margin - 0.01)], [], one, now=0.0) is None  # ends before the margin
+
+
+def test_within_a_burst_a_deadline_pause_takes_only_the_ranks_the_job_would_take_anyway() -> None:
+    """Rule 3: a short job of a burst pauses the running job that frees first (it would have run
+    there next anyway: the burst's packing is kept), never another one with more slack; a short job
+    that arrived apart from them (a stream) pauses the one with the most slack."""
+    from omni_ext.scheduler.preempt import BURST_WINDOW_S
+
+    soon = Running("soon", 0, (0,), remaining_s=4.0, deadline=14.0, arrival=0.0)  # frees first, 8.5 s of slack
+    later = Running("later", 0, (1,), remaining_s=6.0, deadline=30.0, arrival=0.0)  # more slack
+
+    def head(arrival: float) -> Waiting:
+        return Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=1.5, deadline=4.5, arrival=arrival)
+
+    assert choose(head(BURST_WINDOW_S / 2), [soon, later], [], DP2, now=0.5).victim == "soon"
+    assert choose(head(BURST_WINDOW_S * 2), [soon, later], [], DP2, now=0.5).victim == "later"
+    # the one that frees first has no slack for it: within a burst no pause at all
+    tight = Running("soon", 0, (0,), remaining_s=4.0, deadline=5.0, arrival=0.0)
+    assert choose(head(0.0), [tight, later], [], DP2, now=0.5) is None
+    assert choose(head(1.0), [tight, later], [], DP2, now=0.5).victim == "later"
+    # arrivals unknown (a caller that does not say): rule 2 alone
+    assert choose(Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=1.5, deadline=4.5),
+                  [soon, later], [], DP2, now=0.5).victim == "later"
+
+
+def test_a_victim_late_anyway_may_pause_for_a_deadline() -> None:
+    """A running job that misses its deadline even undisturbed loses nothing a deadline counts by a
+    pause, so a waiting job about to miss its own may pause it without a second deadline at risk."""
+    one = Layout.regular(1, 1)
+    head = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=2.0)
+    doomed = Running("l", 0, (0,), remaining_s=5.0, deadline=4.0)
+    got = choose(head, [doomed], [], one, now=0.0)
+    assert got is not None and got.victim == "l" and "late already" in got.detail
+    assert choose(head, [Running("l", 0, (0,), remaining_s=5.0, deadline=5.2)], [], one, now=0.0) is None
+
+
 def test_scheduler_options_for_preemption() -> None:
     from omni_ext.scheduler.config import scheduler_config
 
@@ -477,8 +529,11 @@ def test_a_victim_without_slack_pauses_only_when_two_or_more_deadlines_are_saved
     assert choose(head, [tight], [], one, now=0.0) is None
     two = Waiting("s", JobNeeds(JobMode.SINGLE), predicted_s=0.5, deadline=2.0, at_risk=2)
     assert choose(two, [tight], [], one, now=0.0).victim == "l"
-    a, b = Running("a", 0, (0,), remaining_s=5.0, deadline=4.0), Running("b", 0, (1,), remaining_s=5.0, deadline=5.0)
+    a, b = Running("a", 0, (0,), remaining_s=5.0, deadline=5.1), Running("b", 0, (1,), remaining_s=5.0, deadline=5.3)
     assert choose(two, [a, b], [], Layout.regular(2, 1), now=0.0).victim == "b"
+    # ... unless one is late anyway: its pause loses no deadline at all
+    doomed = Running("a", 0, (0,), remaining_s=5.0, deadline=4.0)
+    assert choose(two, [doomed, b], [], Layout.regular(2, 1), now=0.0).victim == "a"
     # the bound on preemptions and the gain still hold
     assert choose(two, [Running("l", 0, (0,), remaining_s=5.0, deadline=5.2, preemptions=8)], [], one, now=0.0) is None
     assert choose(two, [Running("l", 0, (0,), remaining_s=0.9, deadline=5.2)], [], one, now=0.0) is None

@@ -121,8 +121,8 @@ def add_subcommands(sub) -> None:
     a.set_defaults(func=_scheduler_bench("adaptive"))
 
     m = bsub.add_parser(
-        "mixed", help="two groups: a burst of mixed lengths, order cost vs fifo, makespan / lower bound",
-        description="Two TunedExecutor servers with data_parallel_size 2 (order cost, order fifo), side by side. "
+        "mixed", help="two groups: a burst of mixed lengths, the default order (slo) vs fifo, makespan / lower bound",
+        description="Two TunedExecutor servers with data_parallel_size 2 (the default order slo, order fifo), side by side. "
                     "Defaults: 64x64, 20 steps, frames 81,17,81,17,81,17, 2 single timings per length, 2 bursts "
                     "per order (~5 min on 2 cores; --order-variants ~+3 min). --quick: frames 33,9,33,9, 4 steps, 1 burst.")
     _scheduler_common(m, frames_type=str)

@@ -11,8 +11,14 @@ trade-off before a server runs it, and without the noise of a shared host:
 - a closed **burst**: every job queued at once in a given arrival order; its makespan over the lower
   bound ``max(longest job, total / capacity)`` (:func:`omni_ext.bench.schedule.makespan_bound`).
 
-Predictions are exact here (a job runs for its predicted seconds) and nothing is preempted: the
-figures isolate the order. ``python -m omni_ext.bench.stream_sim`` prints the table as JSON.
+In :func:`simulate` predictions are exact (a job runs for its predicted seconds) and nothing is
+preempted: the figures isolate the order. :func:`simulate_preemptive` adds what the TunedExecutor
+does and a real host does to it: step-level preemption (:func:`omni_ext.scheduler.preempt.choose`
+with the queue pressure the executor computes, a pause taking effect at the end of the step in
+flight, the paused job resuming on its slot when the job run over it ends) and runs that differ from
+their prediction (each a seeded factor of its predicted seconds), with the slowdown measured against
+a yardstick of the caller's (the fastest server's standalone time, as ``omni-ext bench stream``
+does). ``python -m omni_ext.bench.stream_sim`` prints both tables as JSON.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from dataclasses import dataclass, replace
 
 from omni_ext.bench.common import percentile
 from omni_ext.bench.schedule import makespan_bound
+from omni_ext.scheduler import preempt
 from omni_ext.scheduler.admission import Ticket, in_order
-from omni_ext.scheduler.config import ORDERS, SchedulerConfig
+from omni_ext.scheduler.config import ORDERS, CfgMode, SchedulerConfig
+from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,138 @@ def simulate(jobs: Sequence[Job], capacity: int, config: SchedulerConfig) -> lis
     return done
 
 
+@dataclass
+class _Slot:
+    id: str
+    end: float
+    paused: tuple[str, float] | None = None  # (job, its seconds left) paused under the running one
+
+
+def simulate_preemptive(jobs: Sequence[Job], capacity: int, config: SchedulerConfig, *, step_s: float,
+                        slower: tuple[float, float] = (1.0, 1.0), seed: int = 0) -> list[Done]:
+    """Run ``jobs`` on ``capacity`` one-rank slots as the TunedExecutor does: the order's first jobs
+    start on free slots; when the next one cannot, :func:`~omni_ext.scheduler.preempt.choose` may
+    pause a running job for it (at the end of the step in flight: a uniform share of ``step_s``), and
+    the paused job resumes on its slot when the job run over it ends (one paused job per slot, the job
+    run over it is not paused itself). A job's ``seconds`` is what the executor predicts; it runs for
+    that times a factor drawn uniformly from ``slower`` (seeded). The running jobs' time left is
+    known exactly (the executor measures it from their steps). Deadlines are re-checked every 0.2 s
+    while a job waits, as the executor does."""
+    rng = random.Random(seed)
+    pending = sorted(jobs, key=lambda j: (j.arrival, j.id))
+    by_id = {j.id: j for j in jobs}
+    actual = {j.id: j.seconds * rng.uniform(*slower) for j in pending}
+    layout = Layout.regular(capacity, 1)
+    slots: list[_Slot | None] = [None] * capacity
+    queued: dict[str, Ticket] = {}
+    starts: dict[str, float] = {}
+    pauses: dict[str, int] = {}
+    done: list[Done] = []
+    i, now = 0, 0.0
+    while i < len(pending) or queued or any(slots):
+        nxt = [pending[i].arrival] if i < len(pending) else []
+        nxt += [s.end for s in slots if s] + ([now + 0.2] if queued else [])
+        now = max(now, min(nxt))
+        for k, s in enumerate(slots):
+            if s is not None and s.end <= now + 1e-12:
+                done.append(Done(by_id[s.id], starts[s.id], s.end))
+                slots[k] = _Slot(s.paused[0], now + s.paused[1]) if s.paused else None
+        while i < len(pending) and pending[i].arrival <= now:
+            j = pending[i]
+            queued[j.id] = Ticket(j.id, j.priority, j.arrival, cost=j.seconds, predicted_s=j.seconds,
+                                  deadline_s=j.deadline_s)
+            i += 1
+        if not queued:
+            continue
+        order = in_order(queued.values(), now, config, running_remaining=[s.end - now for s in slots if s],
+                         capacity=capacity)
+        free = [k for k, s in enumerate(slots) if s is None]
+        for k, t in zip(free, order):
+            del queued[t.id]
+            starts[t.id] = now
+            slots[k] = _Slot(t.id, now + actual[t.id])
+        if len(free) >= len(order) or not config.preempt:
+            continue
+        head, behind = order[len(free)], order[len(free) + 1:]
+        slo = config.slo_factor
+        busy = [s.end - now + (s.paused[1] if s.paused else 0.0) for s in slots if s]
+        deadline, at_risk = preempt.queue_pressure(
+            now, busy, [(t.predicted_s, t.deadline(slo)) for t in [head, *behind]], capacity)
+        waiting = preempt.Waiting(head.id, JobNeeds(JobMode.SINGLE), head.priority, head.predicted_s, deadline,
+                                  at_risk, arrival=head.arrival)
+        running = [preempt.Running(s.id, by_id[s.id].priority, (k,), remaining_s=s.end - now,
+                                   deadline=by_id[s.id].arrival + slo * by_id[s.id].seconds
+                                   if by_id[s.id].deadline_s is None else by_id[s.id].arrival + by_id[s.id].deadline_s,
+                                   preemptions=pauses.get(s.id, 0), preemptible=s.paused is None and s.end - now > step_s,
+                                   arrival=by_id[s.id].arrival)
+                   for k, s in enumerate(slots) if s]
+        got = preempt.choose(waiting, running, [], layout, now=now, cfg_mode=CfgMode.ADAPTIVE,
+                             max_preemptions=config.max_preemptions,
+                             deadlines=preempt.deadline_pauses(config.order))
+        if got is None:
+            continue
+        k = next(k for k, s in enumerate(slots) if s is not None and s.id == got.victim)
+        at = now + step_s * rng.random()  # the step in flight ends
+        pauses[got.victim] = pauses.get(got.victim, 0) + 1
+        del queued[head.id]
+        starts[head.id] = at
+        slots[k] = _Slot(head.id, at + actual[head.id], paused=(got.victim, slots[k].end - at))
+    return done
+
+
+def preemptive_run(*, loads: Sequence[float] = (0.5, 0.7, 0.9), capacity: int = 2, n: int = 300,
+                   seeds: Sequence[int] = (0, 1, 2), yardstick: tuple[float, float] = (0.50, 3.44),
+                   predicted: tuple[float, float] = (0.58, 3.50), contention: float = 1.08, steps: int = 20,
+                   slower: tuple[float, float] = (0.95, 1.15), short_share: float = 0.75,
+                   config: SchedulerConfig | None = None) -> dict:
+    """``omni-ext bench stream``'s workload on :func:`simulate_preemptive`, with its figures from run 3
+    (README): the yardstick (the fastest server's standalone short and long seconds), what the
+    TunedExecutor predicts for them, how much slower two jobs side by side run (the capacity is
+    divided by it, and every run is that much slower), the long job's steps (its step time: how long a
+    pause waits); mean figures over ``seeds``. And 81/17-frame bursts (``omni-ext bench mixed``'s
+    4.63 s / 1.73 s jobs) in three arrival orders, queued at once as the executor's settle gathers
+    them: mean and worst makespan over the bound over the seeds."""
+    base = config or SchedulerConfig()
+    short_y, long_y = yardstick
+    out: dict = {"capacity": capacity, "n": n, "seeds": list(seeds), "yardstick_s": yardstick,
+                 "predicted_s": predicted, "contention": contention, "slower": slower, "stream": {}, "burst": {}}
+    mean_y = short_share * short_y + (1 - short_share) * long_y
+    for load in loads:
+        per_seed = []
+        for seed in seeds:
+            # arrivals at ``load`` of the yardstick's capacity over the contention (bench stream's rate),
+            # each job predicted at the TunedExecutor's own seconds
+            mean_p = short_share * predicted[0] + (1 - short_share) * predicted[1]
+            jobs = poisson_stream(load=load * mean_p / (mean_y * contention), capacity=capacity, n=n, seed=seed,
+                                  short_s=predicted[0], long_s=predicted[1], short_share=short_share)
+            ran = simulate_preemptive(jobs, capacity, base, step_s=predicted[1] / steps,
+                                      slower=(slower[0] * contention, slower[1] * contention), seed=seed)
+            per_seed.append(_against(ran, {"short": short_y, "long": long_y}))
+        out["stream"][f"{load:g}"] = {k: round(sum(f[k] for f in per_seed) / len(per_seed), 3) for k in per_seed[0]}
+    short_b, long_b = 1.73, 4.63
+    arrivals = {"given": [long_b, short_b] * 3, "longest_last": [short_b] * 3 + [long_b] * 3,
+                "alternating_short_first": [short_b, long_b] * 3}
+    for name, seconds in arrivals.items():
+        bound = makespan_bound(seconds, capacity)["bound_s"]
+        jobs = [Job(f"b{k:05d}", "burst", 0.0, x) for k, x in enumerate(seconds)]
+        spans = [max(d.finish for d in simulate_preemptive(jobs, capacity, base, step_s=long_b / steps,
+                                                            slower=(0.97, 1.03), seed=seed)) / bound for seed in seeds]
+        out["burst"][name] = {"mean_makespan_over_bound": round(sum(spans) / len(spans), 3),
+                              "worst_makespan_over_bound": round(max(spans), 3)}
+    return out
+
+
+def _against(done: Sequence[Done], yardstick: dict[str, float]) -> dict:
+    """SLO attainment and per-class slowdowns of ``done`` against ``yardstick`` seconds per class."""
+    slow = [((d.finish - d.job.arrival) / yardstick[d.job.cls], d.job.cls) for d in done]
+    out = {f"slo{f:g}_attainment": sum(v <= f + 1e-9 for v, _ in slow) / len(slow) for f in (3.0, 5.0)}
+    for cls in ("short", "long"):
+        mine = [v for v, c in slow if c == cls]
+        out[f"{cls}_p50_slowdown"] = percentile(mine, 50)
+        out[f"{cls}_p99_slowdown"] = percentile(mine, 99)
+    return out
+
+
 def stream_figures(done: Sequence[Done], factors: Sequence[float] = (3.0, 5.0)) -> dict:
     """SLO attainment at each factor, and p50/p99 slowdown per class and overall."""
     out: dict = {f"slo{f:g}_attainment": round(sum(d.slowdown <= f + 1e-9 for d in done) / len(done), 4)
@@ -142,4 +282,4 @@ def run(*, loads: Sequence[float] = (0.5, 0.7, 0.9), orders: Sequence[str] = ORD
 
 
 if __name__ == "__main__":
-    print(json.dumps(run(), indent=2))
+    print(json.dumps({"exact": run(), "preemptive": preemptive_run()}, indent=2))

@@ -599,7 +599,7 @@ class RankQueue:
         return preempt.Running(
             j.job_id, entry.ticket.priority, tuple(sorted({self.units.unit_of(r) for r in j.ranks})),
             remaining_s=self.jobs.remaining(entry, now), deadline=entry.ticket.deadline(self.sched.slo_factor),
-            preemptions=j.pauses,
+            preemptions=j.pauses, arrival=entry.ticket.arrival,
             # a batch is not paused: its members' deadlines differ, and vLLM-Omni's batch path has no pause point
             preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)
                              or _loop_done(entry)),
@@ -624,7 +624,8 @@ class RankQueue:
         slots = [left(j) + (left(over[j.job_id]) if j.job_id in over else 0.0) for j in running if not j.is_paused]
         slots += [left(p) for p in running if p.is_paused and p.pausing_for not in active]
         deadline, at_risk = preempt.queue_pressure(now, slots, head_first, len(self.layout.groups))
-        return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, deadline, at_risk)
+        return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, deadline, at_risk,
+                               arrival=ticket.arrival)
 
     def _pass_on(self, victim: Job, paused: list[Job], now: float) -> bool:
         """A paused job whose ranks are free again lets the next queued job through first when a
