@@ -171,9 +171,9 @@ def preemptive() -> dict:
 def test_with_preemption_a_stream_at_0_7_meets_its_slo_and_bursts_keep_their_packing(preemptive) -> None:
     at = preemptive["stream"]
     assert at["0.5"]["slo3_attainment"] >= 0.97 and at["0.7"]["slo3_attainment"] >= 0.95
-    assert at["0.9"]["short_p99_slowdown"] < 10  # 26 with the late jobs most overdue first
+    assert at["0.9"]["short_p99_slowdown"] < 10  # 23 with the late jobs most overdue first
     for arrival, figs in preemptive["burst"].items():
-        assert figs["worst_makespan_over_bound"] <= 1.06, arrival  # 1.12-1.17 with pauses across a burst
+        assert figs["worst_makespan_over_bound"] <= 1.06, arrival  # 1.15-1.17 with pauses across a burst
 
 
 def test_fifo_on_the_preemptive_simulator_pauses_only_for_priority() -> None:

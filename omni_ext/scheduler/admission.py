@@ -27,7 +27,7 @@
      starved behind every long one (its slowdown stays bounded instead of growing with the queue
      of long jobs). Shortest, not most overdue: a late job's slowdown grows fastest for the
      shortest, and it delays the others least (on the simulator with preemption, a Poisson
-     stream at 0.9 of two slots: short jobs' p99 slowdown 8.6 against 26 most overdue first);
+     stream at 0.9 of two slots: short jobs' p99 slowdown 8.6 against 23 most overdue first);
 
   and neither exception is made when it would push the longest job past the **makespan guard**:
   4/3 of a lower bound of the makespan of the work known now, counted from the oldest queued

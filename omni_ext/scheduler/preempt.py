@@ -32,7 +32,7 @@ Two reasons, tried in this order (the ``reason`` label of ``omni_ext:preemptions
    first there, not where either runs, so the order's packing of the burst (longest first: its
    makespan) stands; a pause of another job would run the head's work on ranks that the order had
    given to the rest of the burst, and the burst ends later (on the simulator, 81/17-frame bursts:
-   1.12-1.17 of the makespan bound with such pauses, 1.03 without). Jobs that arrived apart (a
+   1.15-1.17 of the makespan bound with such pauses, 1.04 without). Jobs that arrived apart (a
    stream) pause as rule 2 says. **When they conflict**, for a burst's jobs the packing decides; for a
    stream's, the deadlines.
 
@@ -83,7 +83,7 @@ MIN_GAIN = 2.0
 #: run of margin absorbs a job up to 1.5x slower than predicted at ``slo_factor`` 3, and costs the
 #: victim nothing it cannot afford (it must keep its own deadline). On the simulator with preemption
 #: (a Poisson stream at 0.7 of two slots, runs 5-25 % slower than predicted): SLO 3x attainment
-#: 0.90 without a margin, 0.94 with half a run, 0.95 with one.
+#: 0.89 without a margin, 0.95 with one run (:func:`omni_ext.bench.stream_sim.preemptive_run`).
 DEADLINE_MARGIN = 1.0
 
 #: Jobs that arrived within this many seconds of each other are one burst (rule 3).
