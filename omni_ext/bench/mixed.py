@@ -296,20 +296,20 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
     goal = round(GOAL[1] * max(1.0, contention), 4) if contention else GOAL[1]
     figures: dict[str, dict[str, Any]] = {}
     for v in orders:
-        cost, fifo = per[ours]["orders"][v], per[theirs]["orders"][v]
+        mine, baseline = per[ours]["orders"][v], per[theirs]["orders"][v]
         name = f"{prefix}.makespan_over_bound" if v == "given" else f"{prefix}.makespan_over_bound.{v}"
-        extra = {f"{base}_value": fifo["makespan_over_bound"], "order": orders[v],
-                 "optimal_over_bound": cost["optimal_over_bound"]}
+        extra = {f"{base}_value": baseline["makespan_over_bound"], "order": orders[v],
+                 "optimal_over_bound": mine["optimal_over_bound"]}
         if contention:
-            extra["over_host_adjusted_bound"] = c.ratio(cost["makespan_over_bound"], contention)
+            extra["over_host_adjusted_bound"] = c.ratio(mine["makespan_over_bound"], contention)
             extra["two_jobs_at_once_slowdown"] = contention
-        figures[name] = c.figure(cost["makespan_over_bound"], GOAL[0], goal, measurement, **extra)
+        figures[name] = c.figure(mine["makespan_over_bound"], GOAL[0], goal, measurement, **extra)
     if len(orders) > 1:
         vals = [f["value"] for f in figures.values()]
         worst = None if any(v is None for v in vals) else max(vals)
         figures[f"{prefix}.worst_makespan_over_bound"] = c.figure(
             worst, GOAL[0], goal, measurement, **{f"{base}_value": _worst([f[f"{base}_value"] for f in figures.values()])})
-    given_cost, given_fifo = per[ours]["orders"]["given"], per[theirs]["orders"]["given"]
+    given_ours, given_base = per[ours]["orders"]["given"], per[theirs]["orders"]["given"]
     return {
         "benchmark": "mixed",
         "model": f"tiny Wan2.1-T2V '{facts.get('model_size')}' (random weights, float32)",
@@ -324,17 +324,17 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
         "runs": raw,
         "by_server": per,
         prefix: {
-            "makespan_over_bound": given_cost["makespan_over_bound"],
+            "makespan_over_bound": given_ours["makespan_over_bound"],
             "goal_makespan_over_bound": f"{GOAL[0]} {goal:g}",
             "pass_makespan_over_bound": figures[f"{prefix}.makespan_over_bound"]["pass"],
-            "bound_inputs": {"single_job_s": common, "total_s": given_cost["total_s"],
-                             "longest_s": given_cost["longest_s"], "groups": GROUPS, "bound_s": given_cost["bound_s"]},
-            "makespan_s": given_cost["median_makespan_s"],
+            "bound_inputs": {"single_job_s": common, "total_s": given_ours["total_s"],
+                             "longest_s": given_ours["longest_s"], "groups": GROUPS, "bound_s": given_ours["bound_s"]},
+            "makespan_s": given_ours["median_makespan_s"],
             "predicted_start_error_s": per[ours]["predicted_start_error_s"],
-            base: {"makespan_over_bound": given_fifo["makespan_over_bound"], "makespan_s": given_fifo["median_makespan_s"],
+            base: {"makespan_over_bound": given_base["makespan_over_bound"], "makespan_s": given_base["median_makespan_s"],
                    "predicted_start_error_s": per[theirs]["predicted_start_error_s"],
-                   "bound_inputs": {"single_job_s": common, "total_s": given_fifo["total_s"],
-                                    "longest_s": given_fifo["longest_s"], "bound_s": given_fifo["bound_s"]}},
+                   "bound_inputs": {"single_job_s": common, "total_s": given_base["total_s"],
+                                    "longest_s": given_base["longest_s"], "bound_s": given_base["bound_s"]}},
             **({"worst_makespan_over_bound": figures[f"{prefix}.worst_makespan_over_bound"]["value"]}
                if len(orders) > 1 else {}),
         },

@@ -131,6 +131,7 @@ def simulate_preemptive(jobs: Sequence[Job], capacity: int, config: SchedulerCon
     actual = {j.id: j.seconds * rng.uniform(*slower) for j in pending}
     layout = Layout.regular(capacity, 1)
     slots: list[_Slot | None] = [None] * capacity
+    tickets: dict[str, Ticket] = {}  # every job's, from its arrival (a running job's deadline too)
     queued: dict[str, Ticket] = {}
     starts: dict[str, float] = {}
     pauses: dict[str, int] = {}
@@ -146,8 +147,8 @@ def simulate_preemptive(jobs: Sequence[Job], capacity: int, config: SchedulerCon
                 slots[k] = _Slot(s.paused[0], now + s.paused[1]) if s.paused else None
         while i < len(pending) and pending[i].arrival <= now:
             j = pending[i]
-            queued[j.id] = Ticket(j.id, j.priority, j.arrival, cost=j.seconds, predicted_s=j.seconds,
-                                  deadline_s=j.deadline_s)
+            tickets[j.id] = queued[j.id] = Ticket(j.id, j.priority, j.arrival, cost=j.seconds, predicted_s=j.seconds,
+                                                  deadline_s=j.deadline_s)
             i += 1
         if not queued:
             continue
@@ -167,11 +168,9 @@ def simulate_preemptive(jobs: Sequence[Job], capacity: int, config: SchedulerCon
             now, busy, [(t.predicted_s, t.deadline(slo)) for t in [head, *behind]], capacity)
         waiting = preempt.Waiting(head.id, JobNeeds(JobMode.SINGLE), head.priority, head.predicted_s, deadline,
                                   at_risk, arrival=head.arrival)
-        running = [preempt.Running(s.id, by_id[s.id].priority, (k,), remaining_s=s.end - now,
-                                   deadline=by_id[s.id].arrival + slo * by_id[s.id].seconds
-                                   if by_id[s.id].deadline_s is None else by_id[s.id].arrival + by_id[s.id].deadline_s,
-                                   preemptions=pauses.get(s.id, 0), preemptible=s.paused is None and s.end - now > step_s,
-                                   arrival=by_id[s.id].arrival)
+        running = [preempt.Running(s.id, tickets[s.id].priority, (k,), remaining_s=s.end - now,
+                                   deadline=tickets[s.id].deadline(slo), preemptions=pauses.get(s.id, 0),
+                                   preemptible=s.paused is None and s.end - now > step_s, arrival=tickets[s.id].arrival)
                    for k, s in enumerate(slots) if s]
         got = preempt.choose(waiting, running, [], layout, now=now, cfg_mode=CfgMode.ADAPTIVE,
                              max_preemptions=config.max_preemptions,
@@ -204,12 +203,12 @@ def preemptive_run(*, loads: Sequence[float] = (0.5, 0.7, 0.9), capacity: int = 
     out: dict = {"capacity": capacity, "n": n, "seeds": list(seeds), "yardstick_s": yardstick,
                  "predicted_s": predicted, "contention": contention, "slower": slower, "stream": {}, "burst": {}}
     mean_y = short_share * short_y + (1 - short_share) * long_y
+    mean_p = short_share * predicted[0] + (1 - short_share) * predicted[1]
     for load in loads:
         per_seed = []
         for seed in seeds:
             # arrivals at ``load`` of the yardstick's capacity over the contention (bench stream's rate),
             # each job predicted at the TunedExecutor's own seconds
-            mean_p = short_share * predicted[0] + (1 - short_share) * predicted[1]
             jobs = poisson_stream(load=load * mean_p / (mean_y * contention), capacity=capacity, n=n, seed=seed,
                                   short_s=predicted[0], long_s=predicted[1], short_share=short_share)
             ran = simulate_preemptive(jobs, capacity, base, step_s=predicted[1] / steps,
