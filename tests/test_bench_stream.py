@@ -46,6 +46,21 @@ def test_arrivals_are_seeded_poisson_at_the_asked_share_of_capacity() -> None:
     assert all(0 < t <= 20_000.0 for t, _ in a) and [t for t, _ in a] == sorted(t for t, _ in a)
 
 
+def test_each_load_gets_its_expected_count_and_the_exact_mix() -> None:
+    """A short run's free Poisson count can invert the loads (12-03: 36 requests at "0.5", 27 at
+    "0.7"); the count is the expected one and the share exact, the times still Poisson-like."""
+    cap = 0.559
+    counts = {load: st.arrivals(load, cap, 90.0, 0.75, seed=0) for load in (0.5, 0.7, 0.9)}
+    assert [len(a) for a in counts.values()] == [round(load * cap * 90.0) for load in (0.5, 0.7, 0.9)]
+    for a in counts.values():
+        assert sum(cls == "short" for _, cls in a) == round(0.75 * len(a))
+    long_run = st.arrivals(0.9, cap, 20_000.0, 0.75, seed=0)
+    gaps = [b - a for (a, _), (b, _) in zip(long_run, long_run[1:])]
+    mean = sum(gaps) / len(gaps)
+    cv = (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+    assert cv == pytest.approx(1.0, abs=0.1)  # exponential gaps (a Poisson process), not a metronome
+
+
 def _req(cls: str, latency: float | None, end: float | None = None, status: str = "completed") -> dict:
     return {"cls": cls, "status": status, "latency_s": latency, "end_s": end if end is not None else latency}
 
