@@ -21,7 +21,8 @@ Steps:
    its cores with the API and engine processes; the least of the servers', so the highest capacity);
 3. per load: Poisson arrivals (``--seed``; :func:`arrivals`: the expected count, the mix's share
    exactly) of the mix at ``load`` x capacity for ``--duration`` seconds, sent open loop (each
-   ``POST /v1/videos`` at its time, whatever the server does), then every job waited for. A refused request (429) counts as a miss;
+   ``POST /v1/videos`` at its time, whatever the server does), then every job waited for.
+   A refused request (429) counts as a miss;
 4. preemption: both groups busy with a long job, then an interactive (priority -1) short request: its
    start after the send, in units of the long job's step time.
 
