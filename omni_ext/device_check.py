@@ -16,6 +16,11 @@ and checks:
 - the denoise time per step, stock vs tuned, from the server's own stage timings
   (``--enable-diffusion-pipeline-profiler``, the ``X-Stage-Durations`` header): a check on a
   device, information on a CPU host (one thread per worker on a shared host);
+- step-level preemption's resume on the device itself, with torch and diffusers alone
+  (:mod:`omni_ext.device_probe`, in a process of its own): a job paused twice at step boundaries
+  while two others run on the same device ends byte-identical to its uninterrupted run (float32 and
+  bfloat16). It runs also where the vLLM stack is missing (a card image without vLLM), where no
+  server can start;
 - the whole run fits the 8-minute budget.
 
 On a CPU host the device-only checks are ``skipped`` with the reason. The pure parts (device
@@ -53,6 +58,7 @@ CHECKS: tuple[str, ...] = (
     "device-context.api-engine",
     "step-time.1rank",
     "step-time.cfg2",
+    "preempt-resume.device",
     "time-budget",
 )
 #: Checks that only a device can answer (skipped with "no device" on a CPU host).
@@ -235,6 +241,43 @@ def split_verdict(log_text: str, tiling: bool, size: str) -> tuple[str, str]:
     other = [k for k, line in SPLIT_LINES.items() if k != want and line in log_text]
     return "fail", (f"no '{SPLIT_LINES[want]}' in the tuned CFG-2 log ({how}): "
                     + (f"only the {other[0]} split ran" if other else "both CFG ranks decoded the whole video"))
+
+
+def probe_verdict(report: dict[str, Any] | None, error: str = "") -> tuple[str, str]:
+    """(status, detail) of :mod:`omni_ext.device_probe`'s JSON (None: it printed none; ``error``: why)."""
+    if not report or not report.get("runs"):
+        return "fail", f"the probe gave no report: {error[-300:]}"
+    parts, ok = [], True
+    for r in report["runs"]:
+        if "error" in r:
+            ok = False
+            parts.append(f"{r.get('dtype')}: {r['error']}")
+            continue
+        good = bool(r["identical"]) and all(r["others_identical"].values())
+        ok = ok and good
+        parts.append(f"{r['dtype']}: {'byte-identical' if good else 'DIFFERS'} after pauses at steps "
+                     f"{r['paused_at_steps']} (step {r['step_ms']:.2f} ms, save+restore {r['save_restore_ms']:.2f} ms)")
+    where = report.get("device_name") or report.get("kind")
+    return ("pass" if ok else "fail"), f"on {where}, torch {report.get('torch')}: " + "; ".join(parts)
+
+
+def run_probe(device: Device, size: str, timeout: float = 240.0) -> tuple[str, str, dict[str, Any] | None]:
+    """:mod:`omni_ext.device_probe` in a process of its own (this one must hold no device context)."""
+    cmd = [sys.executable, "-m", "omni_ext.device_probe", "--kind", device.kind, "--size", size]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "fail", f"the probe ran past {timeout:.0f} s", None
+    report = None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                report = json.loads(line)
+            except json.JSONDecodeError:
+                pass
+            break
+    status, detail = probe_verdict(report, proc.stderr)
+    return status, detail, report
 
 
 def skip_reason(name: str, device: Device) -> str | None:
@@ -506,6 +549,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             r.main()
         finally:
             r.stop_early()
+    status, detail, probe = run_probe(device, args.model_size)
+    r.set("preempt-resume.device", status, detail)
     elapsed = time.monotonic() - t0
     r.set("time-budget", "pass" if elapsed <= args.budget_s else "fail",
           f"the run took {elapsed:.0f} s (budget {args.budget_s:.0f} s)")
@@ -522,7 +567,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"device": device.as_dict(), "checks": checks, "elapsed_s": round(elapsed, 1),
             "request": {k: r.fields[k] for k in ("size", "num_frames", "num_inference_steps", "guidance_scale")},
             "model_size": args.model_size, "vae_tiling": args.vae_tiling, "reps": args.reps,
-            "host": host_info(), "servers": r.servers, "workdir": str(r.workdir)}
+            "host": host_info(), "servers": r.servers, "probe": probe, "workdir": str(r.workdir)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

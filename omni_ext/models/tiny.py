@@ -246,9 +246,46 @@ def wan_vae() -> Any:
     )
 
 
+def wan_transformer(size: str) -> Any:
+    """The tiny Wan transformer of preset ``size`` (also built alone by ``omni_ext.device_probe``)."""
+    from diffusers import WanTransformer3DModel
+
+    return _seeded(
+        _SEED_TRANSFORMER,
+        lambda: WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            in_channels=16,
+            out_channels=16,
+            text_dim=_TEXT_DIM,
+            freq_dim=256,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+            rope_max_seq_len=1024,
+            **_WAN_TRANSFORMER[size],
+        ),
+    )
+
+
+def wan_scheduler() -> Any:
+    """The scheduler config shipped with Wan2.1-T2V-1.3B-Diffusers."""
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(
+        prediction_type="flow_prediction",
+        use_flow_sigmas=True,
+        flow_shift=3.0,
+        solver_order=2,
+        solver_type="bh2",
+        final_sigmas_type="zero",
+        num_train_timesteps=1000,
+        predict_x0=True,
+        lower_order_final=True,
+    )
+
+
 def _wan_components(size: str) -> dict[str, Any]:
     """WanPipeline parts named and wired as in Wan-AI/Wan2.1-T2V-1.3B-Diffusers, at toy size."""
-    from diffusers import UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     tokenizer = build_t5_tokenizer()
@@ -269,34 +306,9 @@ def _wan_components(size: str) -> dict[str, Any]:
         tie_word_embeddings=False,
     )
     text_encoder = _seeded(_SEED_TEXT_ENCODER, lambda: UMT5EncoderModel(te_config))
-    transformer = _seeded(
-        _SEED_TRANSFORMER,
-        lambda: WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            in_channels=16,
-            out_channels=16,
-            text_dim=_TEXT_DIM,
-            freq_dim=256,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            eps=1e-6,
-            rope_max_seq_len=1024,
-            **_WAN_TRANSFORMER[size],
-        ),
-    )
+    transformer = wan_transformer(size)
     vae = wan_vae()
-    # The scheduler config shipped with Wan2.1-T2V-1.3B-Diffusers.
-    scheduler = UniPCMultistepScheduler(
-        prediction_type="flow_prediction",
-        use_flow_sigmas=True,
-        flow_shift=3.0,
-        solver_order=2,
-        solver_type="bh2",
-        final_sigmas_type="zero",
-        num_train_timesteps=1000,
-        predict_x0=True,
-        lower_order_final=True,
-    )
+    scheduler = wan_scheduler()
     return {
         "tokenizer": tokenizer,
         "text_encoder": text_encoder,
