@@ -214,7 +214,8 @@ def _fields(args, cls: str, seed: int) -> dict[str, Any]:
 def play(url: str, tracker: JobTracker, args, schedule: list[tuple[float, str]], seed: int,
          progress: c.Progress | None) -> list[dict[str, Any]]:
     """Send ``schedule`` open loop (each at its time, from a pool so a slow answer delays no other),
-    then wait for every admitted job; one record per request."""
+    then wait for every admitted job; one record per request. ``progress`` advances twice per request:
+    at its send and at its end (or refusal), so that it moves during the arrivals too."""
     answers: list[Any] = [None] * len(schedule)
     t0 = time.monotonic() + 0.5
 
@@ -222,6 +223,8 @@ def play(url: str, tracker: JobTracker, args, schedule: list[tuple[float, str]],
         at, cls = schedule[i]
         time.sleep(max(0.0, t0 + at - time.monotonic()))
         answers[i] = post_video(url, _fields(args, cls, seed + i))
+        if progress is not None:
+            progress.advance()
 
     with ThreadPoolExecutor(32) as pool:
         list(pool.map(send, range(len(schedule))))
@@ -329,8 +332,8 @@ def run(args) -> dict[str, Any]:
         schedules = {f"{load:g}": arrivals(load, rate, args.duration, args.short_share, args.seed) for load in loads}
         top = f"{max(loads):g}"
         plays = {f"{load:g}": [n for n in names if n != NOPREEMPT or f"{load:g}" == top] for load in loads}
-        total = sum(len(schedules[k]) * len(v) for k, v in plays.items())
-        progress = c.Progress("stream: requests", total)
+        total = 2 * sum(len(schedules[k]) * len(v) for k, v in plays.items())
+        progress = c.Progress("stream: requests sent + ended", total)
         for load in loads:
             key = f"{load:g}"
             for name in plays[key]:
