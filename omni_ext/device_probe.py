@@ -34,7 +34,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from omni_ext.executor import suspend
-from omni_ext.executor.role import AT, AT_SEQ, NO_JOB, PAUSE, ROLE, check_step_cancel, new_board, pause_token, set_role
+from omni_ext.executor.role import (AT, AT_SEQ, NO_JOB, PAUSE, ROLE, SECTIONS, check_step_cancel, new_board, pause_token,
+                                    set_role)
 from omni_ext.executor.worker import JobThread, _device
 from omni_ext.scheduler.placement import JobMode
 
@@ -104,7 +105,7 @@ class ProbeJob(JobThread):
 def _wait_step(board: Any, seq: int, step: int, job: ProbeJob, timeout: float = 120.0) -> None:
     """Until rank 0 has published step ``step`` of job ``seq`` (the executor watches the same cells),
     or the job has ended."""
-    world = len(board) // 8
+    world = len(board) // SECTIONS
     end = time.monotonic() + timeout
     while time.monotonic() < end and job.state != "done":
         with board.get_lock():

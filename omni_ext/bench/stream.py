@@ -361,12 +361,6 @@ def run(args) -> dict[str, Any]:
 
 
 # ---- output -----------------------------------------------------------------------------------------------
-def _host_contention(result: dict[str, Any]) -> float:
-    """The contention the capacity was divided by (a result from before 12-04 has only the per-server medians,
-    of which it took the least)."""
-    return result.get("contention") or min(result["two_jobs_over_alone"].values())
-
-
 def table(result: dict[str, Any]) -> str:
     figs = result["figures"]
     out = [c.figures_table(figs, {f"{b} (vLLM-Omni)" if b == "stock" else b: {k: f.get(f"{b}_value") for k, f in figs.items()}
@@ -384,7 +378,7 @@ def table(result: dict[str, Any]) -> str:
                f"long {c.fmt(y['long'], 2)} s ({c.fmt(result['cost_ratio_long_over_short'], 1)}x); "
                f"capacity {c.fmt(result.get('capacity_rps'))} req/s on {result.get('groups')} groups"
                + (f" (measured: {c.fmt(result['capacity_rps_alone'])} req/s at standalone speed, over two long jobs "
-                  f"at once each {c.fmt(_host_contention(result), 3)}x slower than alone, the median of every "
+                  f"at once each {c.fmt(result['contention'], 3)}x slower than alone, the median of every "
                   f"server's pairs: {result['two_jobs_over_alone']})"
                   if result.get("two_jobs_over_alone") else ""))
     out += c.not_a_measurement(result)
