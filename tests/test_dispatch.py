@@ -13,7 +13,7 @@ from omni_ext.scheduler import replicas as policy
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.admission import Ticket
 
-CONFIG = SchedulerConfig(settle_s=0.05, order="cost")  # the deadline order: test_slo_order_binds_a_short_job_at_risk_first
+CONFIG = SchedulerConfig(settle_s=0.05, order="cost")  # the deadline order: test_slo_order_binds_the_tightest_deadline_first
 
 
 def tickets(costs: list[float], priorities: list[int] | None = None) -> list[Ticket]:
@@ -45,7 +45,7 @@ def test_fifo_order_keeps_arrival() -> None:
     assert policy.plan(tickets([1.0, 9.0]), loads, now=1.0, config=fifo) == [("r0", 0)]
 
 
-def test_slo_order_binds_a_short_job_at_risk_first() -> None:
+def test_slo_order_binds_the_tightest_deadline_first() -> None:
     # replica 0 busy for 3 s more, replica 1 free: longest first binds the 5-s job there, and the 1-s
     # one (due 3 s after its arrival) would start too late; the deadline order binds it first
     loads = [policy.ReplicaLoad(0, 1, running=[3.0]), policy.ReplicaLoad(1, 1)]

@@ -212,7 +212,7 @@ def names(tickets) -> list[str]:
 
 
 def test_order_is_priority_then_longest_first_then_arrival() -> None:
-    cfg = SchedulerConfig(order="cost")  # "slo" (the default) is this order while no deadline is at risk
+    cfg = SchedulerConfig(order="cost")  # "slo" (the default) is this order within a burst
     burst = [T("a81", 0, 0.0, 8), T("b17", 0, 0.1, 2), T("c81", 0, 0.2, 8), T("d17", 0, 0.3, 2), T("e49", -1, 0.4, 5)]
     assert names(in_order(burst, 1.0, cfg)) == ["e49", "a81", "c81", "b17", "d17"]
     assert names(in_order(burst, 1.0, SchedulerConfig(order="fifo"))) == ["e49", "a81", "b17", "c81", "d17"]
@@ -239,11 +239,12 @@ def test_longest_first_keeps_a_burst_near_its_bound_where_fifo_does_not() -> Non
 
     def makespan(order: str) -> float:
         tickets = [T(f"j{i}", 0, i * 0.01, s) for i, s in enumerate(lengths)]
-        ordered = in_order(tickets, 0.1, SchedulerConfig(order=order))
+        ordered = in_order(tickets, 0.1, SchedulerConfig(order=order), capacity=2)
         return _finish(ordered, 2)
 
     bound = max(sum(lengths) / 2, max(lengths))
     assert makespan("cost") / bound <= 1.10
+    assert makespan("slo") == makespan("cost")  # arrived together: a burst, longest first
     assert makespan("fifo") / bound > 1.10
 
 

@@ -71,32 +71,43 @@ def test_deadline_is_the_requests_own_else_slo_factor_times_its_prediction() -> 
     assert T("a", None, arrival=10.0, deadline_s=5.0).deadline(3.0) == 15.0
 
 
-def test_with_no_deadline_at_risk_the_order_is_longest_first() -> None:
-    burst = [T("s1", 1.0, 0.0), T("l1", 6.0, 0.1), T("s2", 1.0, 0.2), T("l2", 6.0, 0.3)]
-    relaxed = SchedulerConfig(order="slo", slo_factor=100.0)
-    assert ids(in_order(burst, 0.5, relaxed, capacity=2)) == ids(in_order(burst, 0.5, COST)) == ["l1", "l2", "s1", "s2"]
-    unknown = [T(t.id, None, t.arrival) for t in burst]  # no rate yet: no deadlines, ordered by units
-    assert ids(in_order(unknown, 0.5, SLO)) == ids(in_order(unknown, 0.5, COST))
+def test_a_burst_is_longest_first_and_a_stream_tightest_deadline_first() -> None:
+    from omni_ext.scheduler.admission import BURST_GAP_S, bursts
+
+    gap = BURST_GAP_S / 2
+    burst = [T("s1", 1.0, 0.0), T("l1", 6.0, gap), T("s2", 1.0, 2 * gap), T("l2", 6.0, 3 * gap)]
+    assert ids(in_order(burst, 0.5, SLO, capacity=2)) == ids(in_order(burst, 0.5, COST)) == ["l1", "l2", "s1", "s2"]
+    apart = [T(t.id, t.predicted_s, 3 * BURST_GAP_S * k) for k, t in enumerate(burst)]  # the same jobs, a stream
+    assert ids(in_order(apart, 1.0, SLO, capacity=2)) == ["s1", "s2", "l1", "l2"]
+    # no more jobs than slots, or one slot: not a burst (its order does not change when it ends)
+    assert bursts(burst[:2], 2) == {} and bursts(burst, 1) == {} and set(bursts(burst, 3)) == {"s1", "l1", "s2", "l2"}
+    assert ids(in_order(burst, 0.5, SLO, capacity=1)) == ["s1", "s2", "l1", "l2"]
+    # a burst takes its place by its tightest member: a later short job waits behind the burst's short one
+    late = T("s3", 1.0, 1.0)
+    assert ids(in_order([*burst, late], 1.1, SLO, capacity=2)) == ["l1", "l2", "s1", "s2", "s3"]
+    assert ids(in_order([*burst[1::2], late], 1.1, SLO, capacity=2)) == ["s3", "l1", "l2"]  # two: no burst
+    unknown = [T(t.id, None, t.arrival) for t in apart]  # no rate yet: no deadlines, ordered by units
+    assert ids(in_order(unknown, 1.0, SLO)) == ids(in_order(unknown, 1.0, COST))
 
 
-def test_a_short_job_at_risk_takes_the_next_slot_but_priority_stays_above() -> None:
-    # two slots, free in 1 s and 5 s; longest-first would start the short job (due at 3.2 s) at 6 s
-    queue = [T("long", 6.0, 0.0), T("long2", 6.0, 0.1), T("short", 1.0, 0.2)]
-    busy = {"running_remaining": [1.0, 5.0], "capacity": 2}
-    assert ids(in_order(queue, 0.3, COST, **busy)) == ["long", "long2", "short"]
-    assert ids(in_order(queue, 0.3, SLO, **busy)) == ["short", "long", "long2"]
-    # an interactive long job still goes first: a rescue never crosses priorities
-    vip = [*queue, T("vip", 6.0, 0.25, priority=-1)]
-    assert ids(in_order(vip, 0.3, SLO, **busy)) == ["vip", "short", "long", "long2"]
+def test_the_short_job_goes_first_but_priority_stays_above() -> None:
+    # longest-first would start the short job (due at 3.7 s) after both long ones
+    queue = [T("long", 6.0, 0.0), T("long2", 6.0, 0.5), T("short", 1.0, 0.7)]
+    assert ids(in_order(queue, 0.8, COST, capacity=2)) == ["long", "long2", "short"]
+    assert ids(in_order(queue, 0.8, SLO, capacity=2)) == ["short", "long", "long2"]
+    # an interactive long job still goes first: deadlines order within a priority
+    vip = [*queue, T("vip", 6.0, 0.75, priority=-1)]
+    assert ids(in_order(vip, 0.8, SLO, capacity=2)) == ["vip", "short", "long", "long2"]
 
 
 def test_explicit_deadlines_are_respected_in_order() -> None:
-    # one slot: "b" asked to be done within 9 s, so it cannot wait for "a" (8 s) and goes first
+    # one slot: "b" asked to be done within 9 s, tighter than "a"'s 24 s (3 x 8), and goes first;
+    # "c" asked for 100 s, looser than its class's 3 s, and goes last
     queue = [T("a", 8.0, 0.0), T("b", 8.0, 0.1, deadline_s=9.0), T("c", 1.0, 0.2, deadline_s=100.0)]
     assert ids(in_order(queue, 0.2, SLO)) == ["b", "a", "c"]
     assert ids(in_order(queue, 0.2, COST)) == ["a", "b", "c"]  # "cost" ignores deadlines
-    # with the default deadline (3 s) "c" goes right after "b": already late, it is not also starved
-    assert ids(in_order([*queue[:2], T("c", 1.0, 0.2)], 0.2, SLO)) == ["b", "c", "a"]
+    # with the default deadline (3 s) "c" is the tightest
+    assert ids(in_order([*queue[:2], T("c", 1.0, 0.2)], 0.2, SLO)) == ["c", "b", "a"]
 
 
 def test_explicit_deadlines_are_met_more_often_on_a_stream() -> None:
@@ -115,19 +126,18 @@ def test_explicit_deadlines_are_met_more_often_on_a_stream() -> None:
     assert with_deadline >= met(asked, COST) + 0.05
 
 
-def test_the_job_queue_orders_by_deadline_with_its_running_jobs() -> None:
+def test_the_job_queue_orders_by_relative_deadline() -> None:
     q: JobQueue[None] = JobQueue(SchedulerConfig(order="slo", seconds_per_unit=1.0))
     q.submit("run", None, priority=0, arrival=0.0, key="k", units=5)
     q.start("run", 0.0)
     q.submit("long", None, priority=0, arrival=0.0, key="k", units=6)
-    q.submit("short", None, priority=0, arrival=0.1, key="k", units=1)
-    q.submit("mine", None, priority=0, arrival=0.1, key="k", units=6, deadline_s=6.5)
-    # two slots, one free now: "mine" makes 6.6 s only if it starts now; "long" (due at 18 s) can wait
-    assert [e.id for e in q.ordered(0.2, capacity=2)][0] == "mine"
-    assert [e.id for e in JobQueue.ordered(q, 0.2, capacity=2)][0] == "mine"
+    q.submit("short", None, priority=0, arrival=0.5, key="k", units=1)
+    q.submit("mine", None, priority=0, arrival=1.0, key="k", units=6, deadline_s=6.5)
+    # relative deadlines: "short" 3 s (3 x 1), "mine" its own 6.5 s, "long" 18 s (3 x 6)
+    assert [e.id for e in q.ordered(1.1, capacity=2)] == ["short", "mine", "long"]
     q.config = COST
-    assert [e.id for e in q.ordered(0.2, capacity=2)][0] == "long"
-    assert q.get("mine").ticket.deadline(3.0) == pytest.approx(6.6)
+    assert [e.id for e in q.ordered(1.1, capacity=2)][0] == "long"
+    assert q.get("mine").ticket.deadline(3.0) == pytest.approx(7.5)
 
 
 def test_admission_does_not_let_a_newcomer_break_the_promises_of_admitted_jobs() -> None:
@@ -137,11 +147,11 @@ def test_admission_does_not_let_a_newcomer_break_the_promises_of_admitted_jobs()
     a = Admission(SchedulerConfig(max_wait_s=10, retry_margin_s=0.5, order="slo"), capacity=2)
     running = [2.0, 2.5]
     queued = [T(f"q{i}", 3.0, 0.0) for i in range(6)]  # they start at 2, 2.5, 5, 5.5, 8 and 8.5 s
-    d = a.decide(1.0, running, queued, T("n", 3.0, 1.0))
-    # it would start at 5.5 s, within the bound, but q5 would then start at 11 s
-    assert not d.admitted and d.wait_s == 5.5 and d.reason == "queue_full"
+    d = a.decide(1.0, running, queued, T("n", 3.0, 1.0, deadline_s=5.0))
+    # its deadline is the tightest: it would start first, at 2 s, within the bound, but q5 would then start at 11 s
+    assert not d.admitted and d.wait_s == 2.0 and d.reason == "queue_full"
     assert d.retry_after_s == pytest.approx(11.0 - 10 + 0.5)  # when the queue ahead of it fits the bound
-    assert a.decide(1.0, running, queued[:2], T("m", 3.0, 1.0)).admitted  # with room, it is admitted
+    assert a.decide(1.0, running, queued[:2], T("m", 3.0, 1.0, deadline_s=5.0)).admitted  # with room, it is admitted
 
 
 def test_slo_factor_option() -> None:
@@ -153,11 +163,11 @@ def test_slo_factor_option() -> None:
 
 
 def test_of_late_jobs_the_shortest_goes_first() -> None:
-    """Rule 2: jobs past their latest start are late whatever runs; the shortest of them delays the
-    rest least and its slowdown grows fastest, so it goes first (not the most overdue)."""
+    """Jobs late whatever runs are ordered like the rest: the shortest of them delays the others least
+    and its slowdown grows fastest, so it goes first (not the most overdue)."""
     # one slot, busy for 10 s: both are late by then; "old" (2 s) is the more overdue, "new" (1 s) the shorter
     queue = [T("old", 2.0, 0.0), T("new", 1.0, 0.5), T("long", 6.0, 0.6, deadline_s=100.0)]
-    assert ids(in_order(queue, 1.0, SLO, running_remaining=[10.0], capacity=1))[:2] == ["new", "old"]
+    assert ids(in_order(queue, 1.0, SLO, capacity=1))[:2] == ["new", "old"]
 
 
 # ---- with step-level preemption and runs that miss their prediction (simulate_preemptive) -------------
@@ -171,7 +181,8 @@ def preemptive() -> dict:
 def test_with_preemption_a_stream_at_0_7_meets_its_slo_and_bursts_keep_their_packing(preemptive) -> None:
     at = preemptive["stream"]
     assert at["0.5"]["slo3_attainment"] >= 0.97 and at["0.7"]["slo3_attainment"] >= 0.95
-    assert at["0.9"]["short_p99_slowdown"] < 10  # 23 with the late jobs most overdue first
+    # 0.854 and 3.8 on these seeds; 0.777 and 8.4 with 12-04's order (longest first, deadline rescues)
+    assert at["0.9"]["slo3_attainment"] >= 0.83 and at["0.9"]["short_p99_slowdown"] < 4.5
     for arrival, figs in preemptive["burst"].items():
         assert figs["worst_makespan_over_bound"] <= 1.06, arrival  # 1.15-1.17 with pauses across a burst
 

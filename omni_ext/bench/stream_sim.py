@@ -99,8 +99,7 @@ def simulate(jobs: Sequence[Job], capacity: int, config: SchedulerConfig) -> lis
             i += 1
         free = capacity - len(running)
         if free > 0 and queued:
-            order = in_order(queued.values(), now, config, running_remaining=[f - now for f, _ in running],
-                             capacity=capacity)
+            order = in_order(queued.values(), now, config, capacity=capacity)
             for t in order[:free]:
                 del queued[t.id]
                 starts[t.id] = now
@@ -152,8 +151,7 @@ def simulate_preemptive(jobs: Sequence[Job], capacity: int, config: SchedulerCon
             i += 1
         if not queued:
             continue
-        order = in_order(queued.values(), now, config, running_remaining=[s.end - now for s in slots if s],
-                         capacity=capacity)
+        order = in_order(queued.values(), now, config, capacity=capacity)
         free = [k for k, s in enumerate(slots) if s is None]
         for k, t in zip(free, order):
             del queued[t.id]

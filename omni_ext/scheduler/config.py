@@ -54,11 +54,12 @@ class SchedulerConfig:
     server's latency: 3 % of a 1.5 s tiny-model job, nothing next to a real video.
     ``order`` ("slo"): ``"cost"`` starts the longest predicted job of the best (aged) priority
     first, which keeps a burst near its makespan bound whatever the arrival order; ``"fifo"``
-    keeps arrival order within a priority (vLLM-Omni's own order; for comparisons); ``"slo"`` is
-    ``"cost"`` except that a job which would otherwise miss its deadline, and still can meet it,
-    starts first (least slack first; the rule and which side wins:
-    :mod:`omni_ext.scheduler.admission`), so a stream's short requests are not stuck behind long
-    ones. It is the default because it is the one order that serves both: on the simulator
+    keeps arrival order within a priority (vLLM-Omni's own order; for comparisons); ``"slo"``
+    starts the job with the tightest relative deadline first (with the default deadlines the
+    shortest), except that jobs which arrived together (a burst) start longest first among
+    themselves (the rule and which side wins: :mod:`omni_ext.scheduler.admission`), so a stream's
+    short requests are not stuck behind long ones and a burst keeps ``"cost"``'s packing. It is the
+    default because it is the one order that serves both: on the simulator
     (:mod:`omni_ext.bench.stream_sim`) its bursts stay at ``"cost"``'s makespan and its streams
     meet their SLO more often than either other order.
     ``slo_factor`` (3.0): a request's deadline is its arrival plus ``slo_factor`` x its predicted

@@ -192,11 +192,10 @@ class JobQueue(Generic[P]):
 
     def ordered(self, now: float, capacity: int = 1) -> list[Entry[P]]:
         """The queued jobs in the order they should start on ``capacity`` slots, each priced afresh
-        (the slots and this queue's running jobs tell ``order: "slo"`` which deadlines are at risk)."""
+        (the slots tell ``order: "slo"`` which jobs form a burst)."""
         by_id = {e.id: e for e in self.queued()}
         tickets = [self.price(e) for e in by_id.values()]
-        running = [self.remaining(e, now) or 0.0 for e in self.running()]
-        return [by_id[t.id] for t in in_order(tickets, now, self.config, running_remaining=running, capacity=capacity)]
+        return [by_id[t.id] for t in in_order(tickets, now, self.config, capacity=capacity)]
 
     def remaining(self, entry: Entry[P], now: float) -> float | None:
         """Predicted seconds left of a running job, times its place's ``speed``: its measured steps

@@ -128,9 +128,8 @@ def plan(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float,
     if settling(pending, replicas, now, config.settle_s) > 0:
         return []
     out: list[tuple[str, int]] = []
-    running = [r for replica in replicas for r in replica.running]
     capacity = sum(replica.capacity for replica in replicas)
-    for ticket in in_order(pending, now, config, running_remaining=running, capacity=capacity):
+    for ticket in in_order(pending, now, config, capacity=capacity):
         job_s = ticket.predicted_s if ticket.predicted_s is not None else ticket.cost
         # Deadlines in seconds, as a replica's own scheduler has them (only under order "slo").
         due = ticket.deadline(config.slo_factor) if ticket.predicted_s is not None and config.order == "slo" else None
