@@ -24,7 +24,7 @@
   stream of ``omni-ext bench stream``'s mix with preemption) every rule tried that lets a job at risk
   of missing its deadline go first (least slack first, earliest deadline first, longest-first with
   such rescues, the earlier default) met fewer deadlines at 0.9 of capacity (0.77-0.82 against 0.85)
-  and left the short jobs' p99 slowdown at 4.6-60 against 3.8: under load, rescuing one long job
+  and left the short jobs' p99 slowdown at 7-60 against 3.8: under load, rescuing one long job
   makes several short ones late. Long jobs are not starved: aging raises them every ``aging_s``, and
   step-level preemption (:mod:`omni_ext.scheduler.preempt`) pauses a long job only for one that
   needs it.
@@ -119,8 +119,8 @@ def in_order(tickets: Iterable[Ticket], now: float, config: SchedulerConfig, *, 
 
 #: Jobs queued one after another with gaps of at most this many seconds arrived together (one burst,
 #: :func:`bursts`). A client's burst reaches the executor a few milliseconds apart (six asynchronous
-#: creates sent back to back spanned 36 ms on a 2-core host; ``omni-ext bench mixed`` posts them one
-#: after another, 10-30 ms apart). Between Poisson arrivals at 1.4 per second (``bench stream`` at
+#: creates sent back to back spanned 36 ms on a 2-core host; ``omni-ext bench mixed``'s six posts,
+#: one after another, arrived 2-4 ms apart on 12-04). Between Poisson arrivals at 1.4 per second (``bench stream`` at
 #: 0.9) a gap this short comes once in 14, and three such arrivals in a row once in 200.
 BURST_GAP_S = 0.1
 
