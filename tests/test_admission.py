@@ -596,7 +596,10 @@ def test_a_burst_after_a_paired_warm_up_keeps_the_admission_promise(server_pool)
     warm = requests.post(server.url + "/v1/videos/sync", json=job, timeout=120)
     assert warm.status_code == 200, warm.text[:300]
     mark = time.time()
-    burst = 64  # at least 3x what is admitted (16 of 32 were on a quiet host)
+    # at least 3x what is admitted: 16 of 32 were on a quiet host, 30 of 64 on CI's with the deadline
+    # order of 12-04 (a newcomer of the burst's shape queues behind it instead of being refused for
+    # overtaking it, so admission fills max_wait_s)
+    burst = 128
     barrier = threading.Barrier(burst)
 
     def send(i: int) -> tuple[float, requests.Response]:

@@ -249,7 +249,8 @@ def test_request_priority_from_extra_args(raw, expected: int) -> None:
 
 
 def test_cancelled_head_job_lets_the_jobs_behind_it_start() -> None:
-    ex = rank_queue(cfg_mode="pair", settle_s=0)
+    # order "cost": the longer CFG job is the head (under "slo" the shorter CFG-free one would be)
+    ex = rank_queue(cfg_mode="pair", settle_s=0, order="cost")
     busy = ex.submit("video_a-0000000a", wan_request(guidance=1.0))  # one rank
     head = ex.submit("video_b-0000000b", wan_request())  # needs the whole group: waits
     behind = ex.submit("video_c-0000000c", wan_request(guidance=1.0))  # would fit, but no overtaking

@@ -14,6 +14,8 @@ def test_a_job_goes_queued_running_finished_and_teaches_the_cost_model() -> None
     a = q.submit("a", "payload-a", priority=0, arrival=0.0, key="s", units=10)
     q.submit("b", "payload-b", priority=0, arrival=0.1, key="s", units=20)
     assert a.ticket.predicted_s is None and a.ticket.cost == 10  # no rate yet: ordered by units
+    assert [e.id for e in q.ordered(1.0)] == ["a", "b"]  # the default order: the tightest deadline (3 x units) first
+    q.config = SchedulerConfig(seconds_per_unit=None, order="cost")
     assert [e.id for e in q.ordered(1.0)] == ["b", "a"]  # longest first
     q.start("b", 1.0, where=(0,))
     assert [e.id for e in q.queued()] == ["a"] and [e.where for e in q.running()] == [(0,)]
