@@ -298,7 +298,11 @@ class TunedExecutor(DiffusionExecutor):
         ])
 
     def execute_step(self, scheduler_output) -> Any:
-        raise NotImplementedError("omni-ext TunedExecutor does not support step execution")
+        """Never reached: vLLM-Omni calls it only under ``--step-execution``, a layout that
+        :meth:`_init_executor` refuses at start-up (:func:`omni_ext.scheduler.layout.tuned_refusal`).
+        The base class declares it abstract, so it is here to say that, should a vLLM-Omni release
+        call it another way."""
+        raise RuntimeError(layout.tuned_refusal(layout.Parallel(step_execution=True)).message())
 
     def wait_output_ready(self, async_output_id: str) -> concurrent.futures.Future:
         job = self.ranks.take_output(async_output_id)

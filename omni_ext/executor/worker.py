@@ -18,6 +18,12 @@ another job). A paused job's thread keeps its frames (latents, step, generator) 
 next job would clobber is saved and restored around the pause (:mod:`omni_ext.executor.suspend`). A
 :class:`~protocol.ResumeJob` releases it (or, ``drop``, lets it unwind as cancelled, which frees its
 memory) and the loop waits for it again. One job thread runs at a time; a paused one only waits.
+
+A paused job that is cancelled therefore unwinds only once the job running on its rank is done: the
+loop reads its ``ResumeJob(drop=True)`` then. Unwinding earlier would run vLLM-Omni's exit paths
+(the forward context, the job role) in the middle of the running job, whose state they would reset.
+Nothing waits for that memory meanwhile: the running job started beside it, and the drop reaches the
+pipe ahead of any later job on that rank, so it is freed before the next job starts there.
 """
 
 from __future__ import annotations

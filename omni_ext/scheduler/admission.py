@@ -101,7 +101,7 @@ def effective_priority(ticket: Ticket, now: float, aging_s: float) -> int:
 
 
 def sort_key(ticket: Ticket, now: float, config: SchedulerConfig) -> tuple:
-    """The order of ``"cost"`` and ``"fifo"`` (``"slo"`` starts from ``"cost"``'s and re-sorts it)."""
+    """The order of ``"cost"`` and ``"fifo"`` (``"slo"``'s is :func:`_deadline_order`)."""
     eff = effective_priority(ticket, now, config.aging_s)
     if config.order == "fifo":
         return (eff, ticket.arrival, ticket.id)
@@ -111,10 +111,9 @@ def sort_key(ticket: Ticket, now: float, config: SchedulerConfig) -> tuple:
 def in_order(tickets: Iterable[Ticket], now: float, config: SchedulerConfig, *, capacity: int = 1) -> list[Ticket]:
     """``tickets`` in the order they should start; ``capacity`` (slots) tells ``"slo"`` which jobs form
     a burst (more of them than slots)."""
-    ordered = sorted(tickets, key=lambda t: sort_key(t, now, config))
-    if config.order != "slo" or len(ordered) < 2:
-        return ordered
-    return _deadline_order(ordered, now, config, capacity)
+    if config.order == "slo":
+        return _deadline_order(list(tickets), now, config, capacity)
+    return sorted(tickets, key=lambda t: sort_key(t, now, config))
 
 
 #: Jobs queued one after another with gaps of at most this many seconds arrived together (one burst,
@@ -150,13 +149,13 @@ def budget_s(ticket: Ticket, slo_factor: float) -> float:
     return ticket.deadline_s if ticket.deadline_s is not None else slo_factor * ticket.cost
 
 
-def _deadline_order(ordered: list[Ticket], now: float, config: SchedulerConfig, capacity: int) -> list[Ticket]:
+def _deadline_order(tickets: list[Ticket], now: float, config: SchedulerConfig, capacity: int) -> list[Ticket]:
     """``"slo"``: the tightest relative deadline first within an effective priority, a burst longest
     first within itself and at the place of its tightest member (module docstring)."""
-    burst = bursts(ordered, capacity)
-    budget = {t.id: budget_s(t, config.slo_factor) for t in ordered}
+    burst = bursts(tickets, capacity)
+    budget = {t.id: budget_s(t, config.slo_factor) for t in tickets}
     tightest: dict[float, float] = {}
-    for t in ordered:
+    for t in tickets:
         if t.id in burst:
             tightest[burst[t.id]] = min(tightest.get(burst[t.id], budget[t.id]), budget[t.id])
 
@@ -166,7 +165,7 @@ def _deadline_order(ordered: list[Ticket], now: float, config: SchedulerConfig, 
             return (eff, tightest[burst[t.id]], burst[t.id], -t.cost, t.arrival, t.id)
         return (eff, budget[t.id], t.arrival, 0.0, t.arrival, t.id)
 
-    return sorted(ordered, key=key)
+    return sorted(tickets, key=key)
 
 
 # ---- start times and admission --------------------------------------------------------------
