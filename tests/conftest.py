@@ -15,7 +15,7 @@ import pytest
 
 from omni_ext.server_process import ServeProcess
 from tests.helpers import (AHEAD_BUILDERS, DRILL_ARGS, DRILL_ENV, START_TIMEOUT_S, build_ahead, own_servers, prestart,
-                           stop_prestarted)
+                           stop_prestarted, stop_servers)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -304,10 +304,8 @@ class ServerPool:
         """Stops every server at once: each takes 3-4 s to shut down (mostly waiting on its workers), so
         one after another the dozen of them held the end of a run for ~26 s."""
         import subprocess
-        from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max(1, len(self.procs))) as ex:
-            list(ex.map(lambda proc: proc.stop(), self.procs.values()))
+        stop_servers(self.procs.values())
         for mounted in self.tmpfs.values():
             if isinstance(mounted, Path):
                 subprocess.run(["umount", "-l", str(mounted)], capture_output=True, timeout=30)
