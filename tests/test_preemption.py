@@ -7,6 +7,9 @@ API shows meanwhile: ``progress_detail.state == "paused"`` (status ``in_progress
 ``omni_ext:preemptions_total{reason}`` and ``omni_ext:paused_jobs``; the executor's journal
 (``GET /v1/omni_ext/placements``) has ``preempt``, ``paused`` and ``resumed`` events.
 
+Byte-identical resume: Wan as a CFG pair and on a single rank, Qwen-Image as a CFG pair and on a
+single rank.
+
 The decision rules, the pause agreement and the worker threads are unit-tested in
 ``tests/test_preempt.py``."""
 
@@ -169,3 +172,44 @@ def test_qwen_image_pair_pauses_for_an_interactive_image_with_the_same_bytes(ser
     assert kinds == ["preempt", "paused", "resumed"], ev
     again = requests.post(server.url + "/v1/images/generations", json=long_body, timeout=300)
     assert png_from(again) == long_png
+
+
+def test_qwen_image_single_rank_job_pauses_for_an_interactive_image_with_the_same_bytes(server_pool) -> None:
+    """Without a negative prompt Qwen-Image runs CFG-free, one request per rank: with both ranks busy,
+    an interactive image pauses the one with the most time left, which resumes on its rank."""
+    server = server_pool.get("qwen-tuned-cfg2", quiet=True)
+    free = {k: v for k, v in IMAGE.items() if k != "negative_prompt"}
+    # ~300 steps a second on one rank of this host: 3.3 s and 2.3 s, still running when the interactive
+    # image comes; the 1000-step one (the most a request may ask) has more left, so it is the one
+    # paused (rule 1: of the jobs of worse priority, the most time left)
+    longer, shorter = ({**free, "size": "64x64", "num_inference_steps": n, "seed": s} for n, s in ((1000, 95), (700, 96)))
+    before = events_mark(server)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(requests.post, server.url + "/v1/images/generations", json=body, timeout=300)
+                for body in (longer, shorter)]
+        def both_started() -> bool:
+            for f in futs:  # a refused one would never start
+                assert not f.done() or f.result().status_code == 200, f.result().text[:300]
+            return len([e for e in placements(server, before) if e["kind"] == "start"]) == 2
+
+        _until(both_started, 120, "both long images to start")
+        time.sleep(0.3)
+        urgent = requests.post(server.url + "/v1/images/generations",
+                               json={**free, "size": "64x64", "num_inference_steps": 4, "seed": 97, "priority": -1},
+                               timeout=300)
+        longer_png, _ = (png_from(f.result()) for f in futs)
+    assert png_from(urgent)
+    ev = placements(server, before)
+    starts = [e for e in ev if e["kind"] == "start"]
+    assert all(e["mode"] == "single" and len(e["ranks"]) == 1 for e in starts), starts
+    [paused] = [e for e in ev if e["kind"] == "paused"]
+    assert paused["reason"] == "priority"
+    victim = [e for e in ev if e["request_id"] == paused["request_id"] and e["kind"] != "queued"]
+    assert [e["kind"] for e in victim] == ["start", "preempt", "paused", "resumed", "done"], victim
+    # the victim is the 1000-step image (its own running time, pauses left out, is the longest)
+    done = {e["request_id"]: e["seconds"] for e in ev if e["kind"] == "done" and not e.get("error")}
+    assert done[paused["request_id"]] == max(done.values()), done
+    urgent_start = next(e for e in starts if e["request_id"] not in {s["request_id"] for s in starts[:2]})
+    assert urgent_start["ranks"] == victim[0]["ranks"]  # the interactive image ran on the paused job's rank
+    again = requests.post(server.url + "/v1/images/generations", json=longer, timeout=300)
+    assert png_from(again) == longer_png
