@@ -505,6 +505,26 @@ def test_cfg_parallel_sp_ratios_and_goals() -> None:
     assert "tuned_vs_ceiling" in table and "PASS" in table and "NOT A MEASUREMENT" in table
 
 
+def test_every_benchmark_waits_for_a_quiet_host_before_it_starts(monkeypatch) -> None:
+    """Each ``omni-ext bench`` command takes ``--max-load`` and ``--quiet-wait``, and its run starts with
+    :func:`omni_ext.bench.common.quiet_host` (a benchmark that needs a quiet host waits for one)."""
+    import inspect
+
+    from omni_ext.bench import adaptive, admission, api_poll, batching, mixed, runner, serving, stream
+
+    for bench in ("cfg-parallel", "data-parallel", "adaptive", "mixed", "admission", "serving", "stream", "batching",
+                  "api-poll"):
+        args = parse(bench, "--json", "x.json", "--max-load", "0.7", "--quiet-wait", "30")
+        assert (args.max_load, args.quiet_wait) == (0.7, 30.0), bench
+    for run in (runner.run_cfg_parallel, runner.run_cfg_parallel_sp, runner.run_data_parallel, adaptive.run,
+                admission.run, mixed.run, api_poll.run, serving.run, stream.run, batching.run):
+        assert "quiet_host(args)" in inspect.getsource(run), run.__qualname__
+    waits = []
+    monkeypatch.setattr(c, "wait_for_quiet", lambda max_load, timeout: waits.append((max_load, timeout)) or {"quiet": True})
+    host = c.quiet_host(parse("mixed", "--json", "x.json", "--max-load", "1e9", "--quiet-wait", "5"))
+    assert waits == [(1e9, 5.0)] and host["quiet_wait"] == {"quiet": True} and host["measurement"] is True
+
+
 def test_wait_for_quiet_polls_until_the_load_falls_or_the_time_is_up() -> None:
     loads, now, slept = [3.0, 2.0, 0.8], [0.0], []
 

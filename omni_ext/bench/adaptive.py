@@ -79,8 +79,7 @@ def _high_load(url: str, watcher: LogWatcher, args, progress: c.Progress) -> dic
 
 
 def run(args) -> dict[str, Any]:
-    host = c.host_info(args.max_load)
-    c.warn_if_busy(host)
+    host = c.quiet_host(args)
     model, workdir, base_args, env = c.setup(args)
     specs = server_specs()
     servers = c.Servers(model, workdir, base_args, env)

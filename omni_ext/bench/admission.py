@@ -170,8 +170,7 @@ def _first(watcher: LogWatcher, kind: str, request_id: str):
 
 
 def run(args) -> dict[str, Any]:
-    host = c.host_info(args.max_load)
-    c.warn_if_busy(host)
+    host = c.quiet_host(args)
     model, workdir, base_args, env = c.setup(args)
     servers = c.Servers(model, workdir, base_args, env)
     raw: dict[str, Any] = {}

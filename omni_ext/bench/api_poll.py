@@ -102,8 +102,7 @@ def run_phase(url: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    host = c.host_info(args.max_load)
-    c.warn_if_busy(host)
+    host = c.quiet_host(args)
     model, workdir, base_args, env = c.setup(args)
     servers = c.Servers(model, workdir, base_args, env)
     phases = []
@@ -183,8 +182,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
     p.add_argument("--start-timeout", type=float, default=1200.0)
     p.add_argument("--job-timeout", type=float, default=600.0, help="give up on the videos after this many seconds")
-    p.add_argument("--max-load", type=float, default=1.0,
-                   help="above this 1-minute load before starting, the figures are recorded as not measurements")
+    c.add_quiet_options(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -454,9 +454,7 @@ def measure_ceiling(model: Path, args, workdir: Path) -> dict[str, Any]:
 
 # ---- the run ------------------------------------------------------------------------------------------
 def run(args) -> dict[str, Any]:
-    quiet = c.wait_for_quiet(args.max_load, args.quiet_wait)
-    host = {**c.host_info(args.max_load), "quiet_wait": quiet}
-    c.warn_if_busy(host)
+    host = c.quiet_host(args)
     model = c.tiny_model(args, FAMILY)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="omni-ext-bench-batching-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from omni_ext.bench.common import add_quiet_options
+
 
 def _common(p: argparse.ArgumentParser, steps: int, size: str, frames: int, reps: int) -> None:
     p.add_argument("--json", required=True, help="write the measurements and ratios here")
@@ -15,6 +17,7 @@ def _common(p: argparse.ArgumentParser, steps: int, size: str, frames: int, reps
     p.add_argument("--models-dir", default=None, help="where the tiny model is built/cached")
     p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
     p.add_argument("--start-timeout", type=float, default=1200.0)
+    add_quiet_options(p)
 
 
 def _scheduler_common(p: argparse.ArgumentParser, frames_type=int) -> None:
@@ -30,8 +33,7 @@ def _scheduler_common(p: argparse.ArgumentParser, frames_type=int) -> None:
     p.add_argument("--models-dir", default=None, help="where the tiny model is built/cached")
     p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
     p.add_argument("--start-timeout", type=float, default=1200.0)
-    p.add_argument("--max-load", type=float, default=1.0,
-                   help="above this 1-minute load before starting, the figures are recorded as not measurements")
+    add_quiet_options(p)
 
 
 def _positive_int(text: str) -> int:
@@ -96,9 +98,6 @@ def add_subcommands(sub) -> None:
                    help="N > 1: CFG 2 x Ulysses N (2N processes), vLLM-Omni's executor vs the TunedExecutor, "
                         "and the bare 2N-process loop as ceiling")
     c.add_argument("--ceiling-reps", type=_positive_int, default=3, help="--sp: timed loops per ceiling layout (median)")
-    c.add_argument("--max-load", type=float, default=1.0,
-                   help="--sp: wait for the 1-minute load to fall to this before starting (else not a measurement)")
-    c.add_argument("--quiet-wait", type=float, default=600.0, help="--sp: wait at most this many seconds for it")
     c.set_defaults(func=_cfg)
     d = bsub.add_parser("data-parallel", help="8 concurrent requests: 2 groups vs 1; CFG-free on a cfg-2 group")
     _common(d, steps=25, size="80x80", frames=17, reps=3)

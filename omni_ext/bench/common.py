@@ -335,8 +335,23 @@ def add_host_options(p) -> None:
     p.add_argument("--models-dir", default=None, help="where the tiny model is built/cached")
     p.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
     p.add_argument("--start-timeout", type=float, default=1200.0)
+    add_quiet_options(p)
+
+
+def add_quiet_options(p) -> None:
+    """``--max-load`` and ``--quiet-wait``: every benchmark waits for a quiet host before it starts
+    (:func:`quiet_host`)."""
     p.add_argument("--max-load", type=float, default=1.0, help="wait for the 1-minute load to fall to this before starting")
     p.add_argument("--quiet-wait", type=float, default=600.0, help="wait at most this many seconds for it (then: not a measurement)")
+
+
+def quiet_host(args) -> dict[str, Any]:
+    """Wait for a quiet host (``--max-load``, at most ``--quiet-wait`` s: :func:`wait_for_quiet`), then
+    the host's facts (:func:`host_info`) with that wait, and a warning in the log if it stayed busy."""
+    quiet = wait_for_quiet(args.max_load, args.quiet_wait)
+    host = {**host_info(args.max_load), "quiet_wait": quiet}
+    warn_if_busy(host)
+    return host
 
 
 def wait_for_quiet(max_load: float, timeout_s: float, poll_s: float = 10.0, load=None, clock=time.monotonic,

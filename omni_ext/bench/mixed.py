@@ -185,8 +185,7 @@ def _job_timeout(args, frames: list[int]) -> float:
 
 def run(args) -> dict[str, Any]:
     layout = layout_of(args)
-    host = c.host_info(args.max_load)
-    c.warn_if_busy(host)
+    host = c.quiet_host(args)
     frames = s.parse_frames(args.frames)
     orders = s.arrival_orders(frames, args.order_variants)
     lengths = sorted(set(frames))

@@ -33,8 +33,8 @@ from typing import Any
 
 from omni_ext.bench.client import sync_burst, sync_request
 from omni_ext.bench.common import (
-    TUNED, Progress, Servers, figure, figures_table, finish_host, host_info, log, median, ratio, setup, size_hw,
-    video_fields, wait_for_quiet, warn_if_busy, write_result,
+    TUNED, Progress, Servers, figure, figures_table, finish_host, log, median, quiet_host, ratio, setup, size_hw,
+    video_fields, write_result,
 )
 
 
@@ -42,6 +42,7 @@ from omni_ext.bench.common import (
 def run_cfg_parallel(args) -> dict[str, Any]:
     model, workdir, base_args, env = setup(args)
     fields = video_fields(args)
+    host = quiet_host(args)
     one_args = ["--distributed-executor-backend", "mp", "--enable-diffusion-pipeline-profiler"]
     servers = Servers(model, workdir, base_args, env)
     runs: dict[str, list[dict[str, Any]]] = {"one_device_phase1": [], "stock_cfg2": [], "one_device_phase2": [], "tuned_cfg2": []}
@@ -51,7 +52,7 @@ def run_cfg_parallel(args) -> dict[str, Any]:
         "request": {k: fields[k] for k in ("size", "num_frames", "num_inference_steps", "guidance_scale")},
         "threads_per_worker": 1,
         "reps": args.reps,
-        "host": host_info(),
+        "host": host,
         "workdir": str(workdir),
     }
     try:
@@ -169,10 +170,7 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
     model, workdir, base_args, env = setup(args)
     flags, sp_env_vars = sp_layout(args.sp)
     fields = video_fields(args)
-    quiet = wait_for_quiet(args.max_load, args.quiet_wait)
-    host = host_info(args.max_load)
-    host["quiet_wait"] = quiet
-    warn_if_busy(host)
+    host = quiet_host(args)
     servers = Servers(model, workdir, base_args, {**env, **sp_env_vars})
     runs: dict[str, list[dict[str, Any]]] = {"stock_sp": [], "tuned_sp": []}
     ceiling_reps = 0 if args.skip_ceiling else args.ceiling_reps
@@ -249,6 +247,7 @@ def run_data_parallel(args) -> dict[str, Any]:
     model, workdir, base_args, env = setup(args)
     cfg_on = video_fields(args)
     cfg_off = video_fields(args, guidance_scale=1.0)
+    host = quiet_host(args)
     servers = Servers(model, workdir, base_args, env)
     dp2 = json.dumps({"omni_ext": {"data_parallel_size": 2}})
     res: dict[str, Any] = {}
@@ -292,7 +291,7 @@ def run_data_parallel(args) -> dict[str, Any]:
         "concurrency": args.concurrency,
         "threads_per_worker": 1,
         "reps": args.reps,
-        "host": host_info(),
+        "host": host,
         "workdir": str(workdir),
         "runs": res,
         "median_throughput_rps": med,

@@ -551,8 +551,7 @@ def local_model(args: argparse.Namespace, configs: Sequence[Config]) -> Path | N
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    host = c.host_info(args.max_load)
-    c.warn_if_busy(host)
+    host = c.quiet_host(args)
     configs = configurations(args)
     model = local_model(args, configs)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="omni-ext-bench-serving-"))
@@ -632,8 +631,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--workdir", default=None, help="server logs and storage (default: a new temp dir)")
     o.add_argument("--start-timeout", type=float, default=1200.0)
     o.add_argument("--ceiling", action="store_true", help="also measure the bare host ceiling (video; ~2 min)")
-    o.add_argument("--max-load", type=float, default=1.0,
-                   help="above this 1-minute load before starting, the figures are recorded as not measurements")
+    c.add_quiet_options(o)
     o.add_argument("--quick", action="store_true", help="a small, fast workload (smoke test; figures are not meaningful)")
     o.add_argument("--dry-run", action="store_true", help="print the configurations and the request; start nothing")
     o.add_argument("--json", default=None, help="write every request and the summary here")

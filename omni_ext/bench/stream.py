@@ -299,9 +299,7 @@ def server_specs(deploy: str) -> tuple[dict[str, list[str]], dict[str, dict[str,
 
 
 def run(args) -> dict[str, Any]:
-    quiet = c.wait_for_quiet(args.max_load, args.quiet_wait)
-    host = {**c.host_info(args.max_load), "quiet_wait": quiet}
-    c.warn_if_busy(host)
+    host = c.quiet_host(args)
     loads = parse_loads(args.loads)
     model, workdir, base_args, env = c.setup(args)
     servers = c.Servers(model, workdir, base_args, env)
