@@ -362,12 +362,18 @@ def test_a_run_mode_not_measured_yet_is_predicted_from_the_other() -> None:
     assert m.rate(mode_key(small, "single")) == pytest.approx(0.01 * SINGLE_OVER_PAIR)
     assert m.rate(mode_key(big, "single")) == pytest.approx(0.01 * SINGLE_OVER_PAIR)  # the pair rate of all shapes
     assert m.rate(mode_key(big, "pair")) == pytest.approx(0.01)
-    m.observe(mode_key(small, "single"), 100, 1.5)  # both modes measured on one shape: their ratio, 1.5
-    assert m.mode_ratio("single", "pair") == pytest.approx(1.5)
+    m.observe(mode_key(small, "single"), 100, 1.5)  # both modes measured once: cold runs, the prior ratio stands
+    assert m.mode_ratio("single", "pair") == pytest.approx(SINGLE_OVER_PAIR)
+    m.observe(mode_key(small, "pair"), 100, 0.8)  # a class's second run replaces its first (cold) one
+    m.observe(mode_key(small, "single"), 100, 1.2)
+    assert m.rate(mode_key(small, "pair")) == pytest.approx(0.008)
+    assert m.mode_ratio("single", "pair") == pytest.approx(1.5)  # both measured warm on one shape: their ratio
     m.observe(mode_key(big, "pair"), 1000, 4.0)
     assert m.rate(mode_key(big, "single")) == pytest.approx(0.004 * 1.5)  # its own pair rate x the learned ratio
     assert m.rate(mode_key(big, "pair")) == pytest.approx(0.004)
-    assert m.rate(mode_key(small, "single")) == pytest.approx(0.015)  # measured: as measured
+    assert m.rate(mode_key(small, "single")) == pytest.approx(0.012)  # measured: as measured
+    m.observe(mode_key(small, "single"), 100, 2.2)  # from the third run on, an average (RATE_WEIGHT)
+    assert m.rate(mode_key(small, "single")) == pytest.approx(0.7 * 0.012 + 0.3 * 0.022)
     fresh = CostModel()
     fresh.observe(mode_key(small, "single"), 100, 2.0)
     assert fresh.rate(mode_key(big, "pair")) == pytest.approx(0.02 / SINGLE_OVER_PAIR)
