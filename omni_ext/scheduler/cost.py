@@ -111,9 +111,9 @@ class CostModel:
     tensor shapes; on an NPU, operators compiled for them): the second job of a class replaces its
     time instead of being averaged with it, and the single-over-pair ratio is read only from shapes
     measured warm (twice or more) in both modes. On a fresh CPU server (tiny Wan, 64x64) a shape's first
-    paired job took 0.316 s and its third 0.267 s; the ratio read from that cold pair was 0.76 where the
-    next shape's was 1.04, and that shape's burst after a paired warm-up, predicted at 0.76, started a
-    job 5.08 s after its request against a promise of 4.75 s (issue 19 item 5). With this rule the same
+    paired job took 0.316 s and its third 0.267 s; the ratio read from that cold pair was about 0.8
+    (0.9 against the warm pair), the next shape's about 1.0, and that shape's burst after a paired
+    warm-up started a job 5.08 s after its request against a promise of 4.75 s (issue 19 item 5). With this rule the same
     five bursts (13, 9, 17, 5, 21 frames) started every job within 3.5 s."""
 
     def __init__(self, seed_s_per_unit: float | None = None) -> None:
