@@ -113,8 +113,8 @@ class CostModel:
     measured warm (twice or more) in both modes. On a fresh CPU server (tiny Wan, 64x64) a shape's first
     paired job took 0.316 s and its third 0.267 s; the ratio read from that cold pair was about 0.8
     (0.9 against the warm pair), the next shape's about 1.0, and that shape's burst after a paired
-    warm-up started a job 5.08 s after its request against a promise of 4.75 s (issue 19 item 5). With this rule the same
-    five bursts (13, 9, 17, 5, 21 frames) started every job within 3.5 s."""
+    warm-up started a job 5.08 s after its request against a promise of 4.75 s (issue 19 item 5).
+    With this rule the same five bursts (13, 9, 17, 5, 21 frames) started every job within 3.5 s."""
 
     def __init__(self, seed_s_per_unit: float | None = None) -> None:
         self.seed = seed_s_per_unit
