@@ -12,6 +12,7 @@ import pytest
 from omni_ext.bench import adaptive, admission, mixed
 from omni_ext.bench import common as c
 from omni_ext.bench import schedule as s
+from omni_ext.bench.ceiling import job_pair_result, weighted_slowdown
 from omni_ext.bench.client import JobTracker, classify, retry_delay_s
 from omni_ext.bench.logwatch import LogEvent, LogWatcher, mode_counts, parse_line, running_at, same_job
 from omni_ext.cli import build_parser
@@ -282,7 +283,9 @@ FACTS_M = {"model_size": "med", "groups": 2, "request": {}, "frames": [81, 17, 8
 def test_mixed_summary_bound_inputs_and_figures() -> None:
     orders = s.arrival_orders(FACTS_M["frames"], False)
     raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9])
-    r = mixed.summarize(raw, orders, {"throughput_ratio": 1.9}, HOST, FACTS_M, {})
+    ceiling = job_pair_result({81: {"one": [7.0], "two": [7.0 * 2 / 1.9]}, 17: {"one": [3.0], "two": [3.0 * 2 / 1.9]}},
+                              20, [64, 64])
+    r = mixed.summarize(raw, orders, ceiling, HOST, FACTS_M, {})
     inputs = r["mixed"]["bound_inputs"]
     assert inputs["single_job_s"] == {"81": 7.5, "17": 3.3}
     assert inputs["total_s"] == pytest.approx(32.4) and inputs["longest_s"] == 7.5
@@ -303,17 +306,24 @@ def test_mixed_summary_bound_inputs_and_figures() -> None:
 
 def test_mixed_has_one_bound_for_both_servers_and_a_goal_scaled_by_the_hosts_contention() -> None:
     """Each length's time in the bound is the faster server's; the goal is 1.10 x how much slower two
-    concurrent bare jobs run than one alone (issue 19)."""
+    concurrent bare jobs run than one alone, weighted by the burst's job times (issue 19)."""
     orders = s.arrival_orders(FACTS_M["frames"], False)
     raw = _mixed_raw(orders, [17.5, 17.9], [18.5, 18.9], fifo_single={"81": [7.0, 7.2], "17": [3.6, 3.8]})
-    r = mixed.summarize(raw, orders, {"throughput_ratio": 1.6}, HOST, FACTS_M, {})
+    # two 81-frame jobs at once each 1.3x slower than alone, two 17-frame ones 1.1x
+    ceiling = job_pair_result({81: {"one": [5.0, 5.2, 5.1], "two": [6.5, 6.76, 6.63]},
+                               17: {"one": [2.0, 2.1], "two": [2.2, 2.31]}}, 20, [64, 64])
+    assert ceiling["by_length"]["81"]["slowdown"] == pytest.approx(1.3)
+    r = mixed.summarize(raw, orders, ceiling, HOST, FACTS_M, {})
     common = {"81": 7.1, "17": 3.3}
     assert r["mixed"]["bound_inputs"]["single_job_s"] == common == r["mixed"]["fifo"]["bound_inputs"]["single_job_s"]
     bound = (3 * 7.1 + 3 * 3.3) / 2
     assert r["mixed"]["bound_inputs"]["bound_s"] == pytest.approx(bound)
     fig = r["figures"]["mixed.makespan_over_bound"]
     assert fig["value"] == pytest.approx(17.7 / bound) and fig["fifo_value"] == pytest.approx(18.7 / bound)
-    assert fig["goal_value"] == pytest.approx(1.10 * 2 / 1.6, abs=1e-4) and fig["two_jobs_at_once_slowdown"] == 1.25
+    slowdown = (3 * 7.1 * 1.3 + 3 * 3.3 * 1.1) / (3 * 7.1 + 3 * 3.3)  # weighted by the burst's job times
+    assert fig["two_jobs_at_once_slowdown"] == pytest.approx(slowdown)
+    assert fig["goal_value"] == pytest.approx(1.10 * slowdown, abs=1e-4)
+    assert "two at once each 1.237x slower" in mixed.table(r)
     assert r["by_server"]["fifo"]["single_job_s"] == {"81": pytest.approx(7.1), "17": pytest.approx(3.7)}
     # without the ceiling the goal is the plain 1.10
     assert mixed.summarize(raw, orders, None, HOST, FACTS_M, {})["figures"]["mixed.makespan_over_bound"]["goal_value"] == 1.10
@@ -537,3 +547,12 @@ def test_wait_for_quiet_polls_until_the_load_falls_or_the_time_is_up() -> None:
     got = c.wait_for_quiet(1.0, 25.0, poll_s=10.0, load=lambda: 5.0, clock=lambda: now[0], sleep=sleep)
     assert got["quiet"] is False and got["waited_s"] == 30.0  # gave up at the first poll past 25 s
     assert c.wait_for_quiet(1.0, 0.0, load=lambda: 0.1)["quiet"] is True
+
+
+def test_the_burst_yardstick_weights_each_lengths_slowdown_by_its_jobs_time() -> None:
+    ceiling = job_pair_result({81: {"one": [5.0], "two": [6.0]}, 17: {"one": [2.0], "two": [2.0]}}, 20, [64, 64])
+    assert weighted_slowdown(ceiling, [("81", 5.0), ("17", 2.0)]) == pytest.approx((5.0 * 1.2 + 2.0) / 7.0)
+    assert weighted_slowdown(ceiling, [("81", 5.0)]) == pytest.approx(1.2)
+    # a length it never timed, or nothing timed two at once: no factor (the goal falls back to 1.10)
+    assert weighted_slowdown(ceiling, [("33", 3.0)]) is None
+    assert weighted_slowdown(job_pair_result({81: {"one": [5.0], "two": []}}, 20, [64, 64]), [("81", 5.0)]) is None

@@ -14,6 +14,13 @@ branch with the sequence split over its Ulysses group (all-to-alls in attention)
 all-gather and the guidance combine. The same worker in one process (sequential CFG, full sequence)
 is the one-device loop. No server, no scheduler, no request path: the processes stay up and wait on
 stdin between timed loops, so one start serves every repetition.
+
+:class:`JobPair` is the yardstick of ``omni-ext bench mixed`` (two data-parallel groups side by side):
+whole bare jobs, as a server's job is (diffusers' ``WanPipeline``: text encoding, the CFG denoise loop,
+the VAE decode; then vLLM-Omni's own MP4 encode), one alone vs two at once, at each length of the
+burst. On this VM the transformer loop alone did not show what two whole jobs side by side do, and a
+ceiling measured once after the bursts missed the slow phases of the host that the bursts met; the
+benchmark runs one repetition of it after each round of bursts instead.
 """
 
 from __future__ import annotations
@@ -194,17 +201,22 @@ class _Group:
         return max(self._answer(p)["seconds"] for p in self.procs)
 
     def close(self) -> None:
-        for p in self.procs:
-            try:
-                p.stdin.close()
-            except OSError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _close(self.procs)
+
+
+def _close(procs: list[subprocess.Popen]) -> None:
+    """End bare processes that wait on stdin: EOF, then a kill after a minute."""
+    for p in procs:
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def measure_sp(model: Path, height: int, width: int, frames: int, steps: int, ulysses: int, log_dir: Path,
@@ -253,9 +265,109 @@ def sp_ceiling_result(one_s: list[float], parallel_s: list[float], ulysses: int,
     }
 
 
+# ---- whole bare jobs, one alone vs two at once (bench mixed) ----------------------------------------
+def _job_worker(model: str, height: int, width: int, steps: int, lengths: list[int]) -> None:
+    import torch
+    from diffusers import WanPipeline
+    from vllm_omni.entrypoints.openai.video_api_utils import _encode_video_bytes
+
+    from omni_ext.bench.common import NEGATIVE, PROMPT
+
+    torch.set_num_threads(1)
+    pipe = WanPipeline.from_pretrained(model, torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+
+    def job(frames: int, seed: int) -> float:
+        t0 = time.perf_counter()
+        video = pipe(prompt=PROMPT, negative_prompt=NEGATIVE, height=height, width=width, num_frames=frames,
+                     num_inference_steps=steps, guidance_scale=4.0, output_type="np",
+                     generator=torch.Generator().manual_seed(seed)).frames[0]
+        _encode_video_bytes(video, fps=8, video_codec_options={"preset": "ultrafast", "threads": "0"})
+        return time.perf_counter() - t0
+
+    for f in lengths:  # first-call costs of every shape
+        job(f, 0)
+    print(MARK + json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd or cmd[0] != "run":
+            break
+        print(MARK + json.dumps({"seconds": job(int(cmd[1]), int(cmd[2]))}), flush=True)
+
+
+class JobPair:
+    """Two bare processes that each run whole jobs on request (one thread each, as a group's worker):
+    :meth:`rep` times every length once alone and once as two at once."""
+
+    def __init__(self, model: Path, height: int, width: int, steps: int, lengths: list[int], log_dir: Path) -> None:
+        self.lengths = sorted(set(lengths))
+        self.times: dict[int, dict[str, list[float]]] = {f: {"one": [], "two": []} for f in self.lengths}
+        self.procs: list[subprocess.Popen] = []
+        self.steps, self.shape = steps, [height, width]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        arg = json.dumps([str(model), height, width, steps, self.lengths])
+        for i in range(2):
+            log = open(log_dir / f"ceiling-job-{i}.log", "w")
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "omni_ext.bench.ceiling", "--job-worker", arg],
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True))
+        self._seed = 100
+
+    def ready(self) -> None:
+        """Wait until both have paid their first calls (at start-up, so not while anything is timed)."""
+        for p in self.procs:
+            _Group._answer(p)
+
+    def _send(self, procs: list[subprocess.Popen], frames: int) -> list[float]:
+        for p in procs:
+            self._seed += 1
+            p.stdin.write(f"run {frames} {self._seed}\n")
+            p.stdin.flush()
+        return [_Group._answer(p)["seconds"] for p in procs]
+
+    def rep(self, index: int) -> None:
+        """Every length once alone and once two at once (which first alternates with ``index``)."""
+        for f in self.lengths:
+            for mode in (("one", "two") if index % 2 == 0 else ("two", "one")):
+                self.times[f][mode] += self._send(self.procs[:1] if mode == "one" else self.procs, f)
+
+    def result(self) -> dict:
+        return job_pair_result(self.times, self.steps, self.shape)
+
+    def close(self) -> None:
+        _close(self.procs)
+
+
+def job_pair_result(times: dict[int, dict[str, list[float]]], steps: int, shape: list[int]) -> dict:
+    """The JSON of :class:`JobPair` (pure): per length the times and ``slowdown``, the median of a job's
+    time beside another over the median alone."""
+    from omni_ext.bench.common import median, ratio
+
+    return {
+        "what": "whole bare jobs, no server: diffusers' WanPipeline (text encoding, CFG denoise loop, VAE decode) "
+                "and vLLM-Omni's MP4 encode, one thread per process; one job alone vs two processes each running "
+                "one at the same time, every length once per round of bursts",
+        "steps": steps, "height_width": shape,
+        "by_length": {str(f): {"one_s": sorted(t["one"]), "two_s": sorted(t["two"]),
+                               "slowdown": ratio(median(t["two"]), median(t["one"])) if t["one"] and t["two"] else None}
+                      for f, t in times.items()},
+    }
+
+
+def weighted_slowdown(ceiling: dict, job_s: list[tuple[str, float]]) -> float | None:
+    """How much slower a burst's work runs two at once than alone: each length's ``slowdown`` weighted
+    by the time its jobs take alone (``job_s``: (length, seconds) per job of the burst)."""
+    by = ceiling.get("by_length", {})
+    if not job_s or any((by.get(f) or {}).get("slowdown") is None for f, _ in job_s):
+        return None
+    return sum(t * by[f]["slowdown"] for f, t in job_s) / sum(t for _, t in job_s)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--sp-worker":
         _sp_worker(*json.loads(sys.argv[2]))
+        sys.exit(0)
+    if sys.argv[1] == "--job-worker":
+        _job_worker(*json.loads(sys.argv[2]))
         sys.exit(0)
     model, mode, rank, port, steps, lat = json.loads(sys.argv[1])
     print(json.dumps(_child(model, mode, rank, port, steps, lat)))

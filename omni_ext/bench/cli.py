@@ -122,14 +122,17 @@ def add_subcommands(sub) -> None:
     m = bsub.add_parser(
         "mixed", help="two groups: a burst of mixed lengths, the default order (slo) vs fifo, makespan / lower bound",
         description="Two TunedExecutor servers with data_parallel_size 2 (the default order slo, order fifo), side by side. "
-                    "Defaults: 64x64, 20 steps, frames 81,17,81,17,81,17, 2 single timings per length, 2 bursts "
-                    "per order (~5 min on 2 cores; --order-variants ~+3 min). --quick: frames 33,9,33,9, 4 steps, 1 burst.")
+                    "Defaults: 64x64, 20 steps, frames 81,17,81,17,81,17, 2 single timings per length, 3 bursts "
+                    "per order, each round of bursts followed by the bare yardstick (whole jobs without a server, "
+                    "alone and two at once) (~6 min on 2 cores; --order-variants ~+4 min). "
+                    "--quick: frames 33,9,33,9, 4 steps, 1 burst, no yardstick.")
     _scheduler_common(m, frames_type=str)
     m.add_argument("--single-reps", type=int, default=None, help="single-job timings per length (median)")
     m.add_argument("--reps", type=int, default=None, help="bursts per arrival order and server (median makespan)")
     m.add_argument("--order-variants", action="store_true", default=None,
                    help="also send the burst longest last (ascending) and short/long alternating")
-    m.add_argument("--skip-ceiling", action="store_true", default=None, help="skip the bare two-process ceiling")
+    m.add_argument("--skip-ceiling", action="store_true", default=None,
+                   help="skip the bare yardstick (whole jobs without a server, alone and two at once); goal then 1.10")
     where = m.add_mutually_exclusive_group()
     where.add_argument("--replicas", type=int, default=None, metavar="2",
                        help="across vLLM-Omni replicas in one server (num_replicas: 2): omni-ext dispatch vs round robin")

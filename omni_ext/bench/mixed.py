@@ -15,15 +15,19 @@ risk, step-level preemption on: the order that must serve a burst and a stream, 
 
 ``mixed.makespan_over_bound`` = makespan / ``max(sum of job times / 2, longest job time)``, one
 bound for both servers: each length's time is the faster server's median. Goal <= 1.10 x the same
-run's two-job contention factor (how much slower each of two concurrent bare jobs runs than one
-alone: the bound assumes two groups run as fast side by side as alone, which a shared host does not
-give), 1.10 when the ceiling is skipped; for the default order (the FIFO server's beside it). ``predicted_start_error_s``: how far each
-burst job's start (the executor's log line) fell from the start its ``POST`` answer predicted
-(``predicted_wait_s`` after the answer; ``predicted_start_at`` is the same in whole unix seconds):
-p50/p99/max of actual - predicted over every job of the bursts, per server (positive: later than told). The JSON also holds what list scheduling
-predicts from the single timings (arrival order = FIFO, longest first = LPT), the optimal makespan
-of the burst (often above the bound: three 81-frame jobs cannot split evenly over two groups), and
-the bare host's two-process ceiling (two jobs at once are slower than one alone on a shared host).
+run's two-job contention factor (the bound assumes two groups run as fast side by side as alone, which
+a shared host does not give), 1.10 when the ceiling is skipped; for the default order (the FIFO
+server's beside it). The factor is how much slower each of two concurrent bare jobs runs than one
+alone: whole jobs without a server (:class:`omni_ext.bench.ceiling.JobPair`), every length of the
+burst alone and two at once after each round of bursts, each length's slowdown weighted by its jobs'
+time in the burst.
+
+``predicted_start_error_s``: how far each burst job's start (the executor's log line) fell from the
+start its ``POST`` answer predicted (``predicted_wait_s`` after the answer; ``predicted_start_at`` is
+the same in whole unix seconds): p50/p99/max of actual - predicted over every job of the bursts, per
+server (positive: later than told). The JSON also holds what list scheduling predicts from the single
+timings (arrival order = FIFO, longest first = LPT) and the optimal makespan of the burst (often
+above the bound: three 81-frame jobs cannot split evenly over two groups).
 
 The same workload runs across vLLM-Omni's replicas (issue 11: scale-out), each server side by side
 with its stock counterpart, figure ``replicas.makespan_over_bound`` (goal <= 1.10):
@@ -50,6 +54,7 @@ import yaml
 
 from omni_ext.bench import common as c
 from omni_ext.bench import schedule as s
+from omni_ext.bench.ceiling import JobPair, weighted_slowdown
 from omni_ext.bench.client import JobTracker, post_video, sync_burst
 from omni_ext.bench.logwatch import LogWatcher
 
@@ -199,8 +204,13 @@ def run(args) -> dict[str, Any]:
     total = len(ORDERS) * (len(lengths) * args.single_reps + args.reps * sum(len(v) for v in orders.values()))
     watchers: dict[str, LogWatcher] = {}
     progress = None
+    # The bare yardstick's processes start with the servers (their first calls are paid before anything
+    # is timed); one repetition of it follows each round of bursts, so both meet the same phases of the host.
+    pair = None if args.skip_ceiling else JobPair(model, *c.size_hw(args.size), args.steps, lengths, workdir)
     try:
         start_servers(layout, servers, workdir, args.start_timeout)
+        if pair is not None:
+            pair.ready()
         trackers = {}
         for o in ORDERS:
             name = layout.server(o)
@@ -219,26 +229,25 @@ def run(args) -> dict[str, Any]:
                     raw[o]["single"][str(f)].append(r["jobs"][0]["latency_s"])
         for rep in range(args.reps):
             for variant, order in orders.items():
-                pair = ORDERS if rep % 2 == 0 else ORDERS[::-1]
-                for o in pair:
+                pair_of_orders = ORDERS if rep % 2 == 0 else ORDERS[::-1]
+                for o in pair_of_orders:
                     r = run_jobs(servers.url(layout.server(o)), trackers[o], watchers[o], args, order, 1000 + 10 * rep,
                                  _job_timeout(args, order), progress)
                     raw[o]["bursts"][variant].append(r)
                     c.log(f"rep {rep} {variant} order={o}: makespan {c.fmt(r['makespan_s'], 2)} s")
+            if pair is not None:
+                pair.rep(rep)
+                c.log(f"rep {rep} bare jobs (no server), alone / two at once: " + ", ".join(
+                    f"{f} frames {t['one'][-1]:.2f} / {max(t['two'][-2:]):.2f} s" for f, t in pair.times.items()))
     finally:
         for w in watchers.values():
             w.stop()
         servers.stop()
+        if pair is not None:
+            pair.close()
         if progress is not None:
             progress.close()
-    ceiling = None
-    if not args.skip_ceiling:
-        from omni_ext.bench.ceiling import measure
-
-        c.log("bare host ceiling (no server): two independent processes vs one (~1 min)")
-        h, w = c.size_hw(args.size)
-        ceiling = measure(model, h, w, min(frames), args.steps, independent=True)
-        ceiling["frames"] = min(frames)
+    ceiling = pair.result() if pair is not None else None
     c.finish_host(host)
     return summarize(raw, orders, ceiling, host, _facts(args, frames), servers.commands, str(workdir), layout)
 
@@ -294,7 +303,7 @@ def summarize(raw: dict[str, dict[str, Any]], orders: dict[str, list[int]], ceil
                   "predicted_start_error_s": start_errors(raw[o]["bursts"]),
                   "orders": {v: burst_figures(common, order, [b["makespan_s"] for b in raw[o]["bursts"][v]])
                              for v, order in orders.items()}}
-    contention = c.ratio(2.0, ceiling.get("throughput_ratio")) if ceiling else None
+    contention = weighted_slowdown(ceiling, [(str(f), common[str(f)]) for f in orders["given"]]) if ceiling else None
     goal = round(GOAL[1] * max(1.0, contention), 4) if contention else GOAL[1]
     figures: dict[str, dict[str, Any]] = {}
     for v in orders:
@@ -374,8 +383,9 @@ def table(result: dict[str, Any]) -> str:
     out.append(f"start - predicted start (admission's predicted_start_at): {errs}")
     ceil = result.get("host_ceiling")
     if ceil:
-        out.append(f"bare host: two independent processes {c.fmt(ceil.get('throughput_ratio'))}x one "
-                   f"(two jobs at once each {c.fmt(ceil.get('two_jobs_at_once_slowdown'))}x slower than alone)")
+        per_length = ", ".join(f"{f} frames {c.fmt(b.get('slowdown'))}x" for f, b in ceil.get("by_length", {}).items())
+        out.append(f"bare host, whole jobs without a server: two at once each {c.fmt(ceil.get('two_jobs_at_once_slowdown'))}x "
+                   f"slower than alone, weighted by the burst's job times ({per_length})")
     out += c.not_a_measurement(result)
     return "\n\n".join(out)
 
