@@ -457,3 +457,73 @@ def options_for(preset, tiny_models: dict[str, Path] | None = None, role: str | 
         return RenderOptions(**hosts)
     model = {"wan2.1-t2v-tiny": "wan2.1-t2v", "qwen-image-tiny": "qwen-image"}[preset.model]
     return RenderOptions(model=str(tiny_models[model]) if tiny_models else f"/models/{model}", **hosts)
+
+
+# ---- a model served by its Hugging Face repo id, from a hub cache (tests/test_hub_id.py) -------------
+def hf_cache_model(model_dir: Path, cache_root: Path, repo_id: str, *, symlinks: bool = True) -> Path:
+    """Lay the model folder ``model_dir`` (a diffusers pipeline: model_index.json and its components)
+    into the Hugging Face hub cache under ``cache_root`` (what ``HF_HOME`` names) as ``repo_id``, in the
+    layout huggingface_hub reads offline: ``hub/models--{org}--{name}/blobs/<sha256>``,
+    ``refs/main`` (the commit) and ``snapshots/<commit>/<path>`` (relative symlinks to the blobs, as
+    huggingface_hub writes them; copies with ``symlinks=False``). The commit is a 40-hex id derived
+    from the files, so the same folder gives the same snapshot. Returns the snapshot folder (what
+    ``snapshot_download(repo_id, local_files_only=True)`` answers)."""
+    import hashlib
+    import shutil
+
+    org, sep, name = repo_id.partition("/")
+    assert sep and org and name and "/" not in name, f"a repo id is 'org/name', not {repo_id!r}"
+    repo = Path(cache_root) / "hub" / f"models--{org}--{name}"
+    files = sorted(p for p in Path(model_dir).rglob("*") if p.is_file())
+    assert any(p.name == "model_index.json" and p.parent == Path(model_dir) for p in files), \
+        f"{model_dir} is not a diffusers pipeline folder (no model_index.json)"
+    digests = {}
+    for path in files:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        digests[path] = h.hexdigest()
+    commit = hashlib.sha1("".join(f"{p.relative_to(model_dir)}\0{d}\n" for p, d in digests.items()).encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    for path, digest in digests.items():
+        rel = path.relative_to(model_dir)
+        blob, target = repo / "blobs" / digest, snapshot / rel
+        if not blob.exists():
+            shutil.copyfile(path, blob)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        if symlinks:
+            target.symlink_to(os.path.relpath(blob, target.parent))
+        else:
+            shutil.copyfile(blob, target)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)  # no newline, as huggingface_hub writes it
+    return snapshot
+
+
+@contextlib.contextmanager
+def serve_models(workdir: Path, specs: dict[str, tuple[str, list[str], dict[str, str]]]
+                 ) -> Iterator[dict[str, ServeProcess]]:
+    """``vllm-omni serve MODEL`` processes, name -> (model, args, env), where MODEL is anything vLLM-Omni
+    accepts (a folder, or a Hugging Face repo id that the env's ``HF_HOME``/``HF_HUB_OFFLINE`` resolve),
+    started together, waited for, and stopped afterwards; each with its storage and API data directory
+    under ``workdir / name`` and one thread per process, like :func:`own_servers` (whose servers all
+    serve one tiny model folder). Tests that use it are marked ``server``."""
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts vllm-omni servers of its own")
+    procs: dict[str, ServeProcess] = {}
+    try:
+        for name, (model, args, env) in specs.items():
+            procs[name] = _launch(model, workdir, name, args, env, None)  # type: ignore[arg-type] (str(model))
+        for name, proc in procs.items():
+            proc.wait_ready(START_TIMEOUT_S)
+            print(f"\n[servers] {name} ({proc.model}): ready after {proc.ready_after_s:.1f} s ({proc.log_path})")
+        yield procs
+    finally:
+        stop_servers(procs.values())
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -263,28 +263,40 @@ def test_field_parsers() -> None:
             parse_size(bad)
 
 
-def test_model_family_decides_video_and_reference(tmp_path: Path) -> None:
+def test_vllm_omnis_facts_decide_video_and_reference(tmp_path: Path) -> None:
+    """Video or image, and whether a reference image is taken, are vLLM-Omni's answers for the class
+    (its model metadata and class flags), never a guess from the class name."""
     import io
 
     from PIL import Image
 
-    for pipeline, is_video in (("WanImageToVideoPipeline", True), ("QwenImagePipeline", False),
-                               ("FooVideoPipeline", True), ("FluxKontextPipeline", False)):
+    for pipeline, is_video, image_input in (("WanImageToVideoPipeline", True, True), ("QwenImagePipeline", False, False),
+                                            ("WanDMDPipeline", True, False), ("WanVACEPipeline", True, True),
+                                            ("FooVideoPipeline", False, False), ("FluxKontextPipeline", False, True)):
         root = tmp_path / pipeline
         root.mkdir()
         (root / "model_index.json").write_text(json.dumps({"_class_name": pipeline}))
-        assert limits_for_model(str(root)).is_video is is_video
+        limits = limits_for_model(str(root))
+        assert (limits.is_video, limits.image_input) == (is_video, image_input), pipeline
     png = io.BytesIO()
     Image.new("RGB", (16, 16)).save(png, format="PNG")
     upload = {"input_reference": ("a.png", "image/png", png.getvalue())}
-    for pipeline, accepted in (("WanPipeline", False), ("WanImageToVideoPipeline", True), ("FooVideoPipeline", True)):
-        state = api_state(tmp_path / pipeline, ModelLimits(pipeline, 16, 1, True))
+    for pipeline, accepted in (("WanPipeline", False), ("WanImageToVideoPipeline", True)):
+        state = api_state(tmp_path / pipeline, ModelLimits(pipeline, 16, 1, True, image_input=accepted))
         if accepted:
             assert build_video_request(Body({"prompt": "x"}, upload), state, {}).reference.size == (16, 16)
         else:
             with pytest.raises(APIError) as err:
                 build_video_request(Body({"prompt": "x"}, upload), state, {})
             assert err.value.code == "unsupported_parameter"
+
+
+def test_a_text_only_model_refuses_a_reference_before_decoding_it(tmp_path: Path) -> None:
+    """The model check comes first: bytes that are no image at all get the model's refusal, not a decode error."""
+    state = api_state(tmp_path / "wan", ModelLimits("WanPipeline", 16, 1, True))
+    with pytest.raises(APIError) as err:
+        build_video_request(Body({"prompt": "x"}, {"input_reference": ("a.png", "image/png", b"not an image")}), state, {})
+    assert err.value.code == "unsupported_parameter"
 
 
 # ---- start-up work happens once; content is served by one function --------------------------------

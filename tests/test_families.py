@@ -28,12 +28,17 @@ def test_every_pipeline_class_belongs_to_one_family() -> None:
 
 @pytest.mark.parametrize(
     "pipeline,video",
-    [("WanPipeline", True), ("WanImageToVideoPipeline", True), ("QwenImagePipeline", False),
-     ("QwenImageEditPipeline", False), ("HunyuanVideoPipeline", True), ("StableDiffusion3Pipeline", False),
+    [("WanPipeline", True), ("WanImageToVideoPipeline", True), ("WanDMDPipeline", True), ("WanVACEPipeline", True),
+     ("LTX2Pipeline", True), ("MiniMaxH3Pipeline", True), ("HeliosPipeline", True), ("QwenImagePipeline", False),
+     ("QwenImageEditPipeline", False), ("StableDiffusion3Pipeline", False), ("SomeNewVideoPipeline", False),
      (None, False)],
 )
-def test_is_video_from_table_then_naming_convention(pipeline, video) -> None:
-    assert families.is_video(pipeline) is video
+def test_video_or_image_is_vllm_omnis_own_answer_not_the_class_name(pipeline, video) -> None:
+    """VACE, LTX-2, MiniMax-H3, Helios and FastWan's WanDMDPipeline make video by vLLM-Omni's metadata
+    although their names hold no "Video"; an unknown name makes what vLLM-Omni says it makes (image)."""
+    from omni_ext.api.validation import output_type
+
+    assert (output_type(pipeline) == "video") is video
 
 
 def test_wan_cfg_rule_follows_both_guidance_scales() -> None:
@@ -92,19 +97,6 @@ def test_the_table_names_real_vllm_omni_and_omni_ext_classes() -> None:
         for qualname in filter(None, (f.vllm_omni_class, f.tuned_class)):
             module, _, cls = qualname.partition(":")
             assert hasattr(importlib.import_module(module), cls), qualname
-
-
-def test_request_batch_is_what_vllm_omnis_pipeline_declares() -> None:
-    """The TunedExecutor batches a wave only where vLLM-Omni's pipeline has a request-batch forward."""
-    import importlib
-
-    for f in FAMILIES:
-        if f.vllm_omni_class:
-            module, _, cls = f.vllm_omni_class.partition(":")
-            declared = bool(getattr(getattr(importlib.import_module(module), cls), "supports_request_batch", False))
-            assert f.request_batch == declared, f.name
-        else:
-            assert not f.request_batch, f.name
 
 
 def test_tiny_models_resolve_to_their_family(tmp_path) -> None:

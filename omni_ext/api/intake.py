@@ -311,7 +311,8 @@ class ModelLimits:
     pipeline: str | None
     spatial_multiple: int  # height and width must be multiples of this (0: unknown, not checked)
     min_steps: int
-    is_video: bool
+    is_video: bool  # vLLM-Omni's output type of the class is "video"
+    image_input: bool = False  # the class takes a reference image (vLLM-Omni's metadata and class flags)
     #: The served pipeline's entry in the model-family table (None: a class omni-ext does not list),
     #: looked up once with the limits, so that a request reads it without a look-up.
     family: ModelFamily | None = field(init=False, repr=False, compare=False)
@@ -433,6 +434,9 @@ def _reference_image(body: Body, state: Served) -> Any:
             raise bad_request("input_reference must be an image file or {\"image_url\": ...}.", "input_reference")
     if raw is None:
         return None
+    if not state.limits.image_input:  # vLLM-Omni's own answer for the class, before any decoding
+        raise bad_request(f"The served model ({state.limits.pipeline}) generates from text only and cannot use "
+                          "input_reference.", "input_reference", "unsupported_parameter")
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -440,10 +444,6 @@ def _reference_image(body: Body, state: Served) -> Any:
         img.load()
     except (UnidentifiedImageError, OSError):
         raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
-    family = state.limits.family
-    if family is not None and not family.accepts_reference:  # a family omni-ext does not know: let it try
-        raise bad_request(f"The served model ({state.limits.pipeline}) generates from text only and cannot use "
-                          "input_reference.", "input_reference", "unsupported_parameter")
     return img.convert("RGB")
 
 

@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from omni_ext.api import limits
-from omni_ext.scheduler.layout import TUNED_EXECUTOR, server_layout
-from omni_ext.api.state import get_state, native_video_defaults
+from omni_ext.scheduler.layout import TUNED_EXECUTOR
+from omni_ext.api.state import get_state, native_video_defaults, served_layout
 
 PATH = "/playground"
 INFO_PATH = "/v1/omni_ext/info"
@@ -72,7 +72,7 @@ def server_info(state: Any, app_state: Any) -> dict[str, Any]:
         native = {"width": family.native.width, "height": family.native.height} if family else {}
     if family is not None:
         native["steps"] = family.native.steps
-    layout = server_layout(getattr(app_state, "args", None), getattr(app_state, "stage_configs", None))
+    layout, why = served_layout(app_state, getattr(app_state, "args", None), lim.pipeline)
     sizes = size_choices(native["width"], native["height"], lim.spatial_multiple) if "width" in native else []
     return {
         "object": "omni_ext.info",
@@ -93,7 +93,7 @@ def server_info(state: Any, app_state: Any) -> dict[str, Any]:
                    "min_priority": limits.MIN_PRIORITY, "max_priority": limits.MAX_PRIORITY},
         "layout": {"executor": TUNED_EXECUTOR if layout.tuned else "vLLM-Omni", "cfg_parallel_size": layout.cfg,
                    "data_parallel_size": layout.dp, "replicas": layout.replicas, "cfg_mode": state.queue.config.cfg_mode,
-                   "priorities": layout.tuned, "max_wait_s": state.queue.config.max_wait_s},
+                   "priorities": layout.tuned, "max_wait_s": state.queue.config.max_wait_s, "why": why},
         "queue": state.queue.summary(),
     }
 

@@ -81,8 +81,9 @@ async def _unknown_path(request: Request, rest: str) -> JSONResponse:
 
 
 class EditsDispatch:
-    """ASGI endpoint for ``POST /v1/images/edits``: vLLM-Omni's route for models that can edit images,
-    a clear OpenAI-style 400 for those that cannot (instead of a confusing engine error)."""
+    """ASGI endpoint for ``POST /v1/images/edits``: vLLM-Omni's route for models that take a reference
+    image (vLLM-Omni's own metadata and class flags: Qwen-Image-Edit, FLUX.2, OmniGen2, LongCat-Image-Edit
+    ...), a clear OpenAI-style 400 for those that cannot (instead of a confusing engine error)."""
 
     def __init__(self, stock_app: Any) -> None:
         self.stock_app = stock_app
@@ -95,8 +96,7 @@ class EditsDispatch:
         except APIError as err:  # before start-up: 503
             await err.response()(scope, receive, send)
             return
-        family = state.limits.family
-        if family is not None and family.can_edit and self.stock_app is not None:
+        if state.limits.image_input and self.stock_app is not None:  # the class takes a reference image
             await self.stock_app(scope, receive, send)
             return
         err = APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline or 'unknown'}) does not "

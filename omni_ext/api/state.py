@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
 from collections.abc import Iterable
@@ -25,7 +25,7 @@ from omni_ext.api import media
 from omni_ext.api.errors import APIError, bad_request, not_found, storage
 from omni_ext.api.intake import ID_RE, ModelLimits
 from omni_ext.api.jobs import Job, JobStore
-from omni_ext.scheduler.layout import server_layout
+from omni_ext.scheduler.layout import ServerLayout, diffusion_stage, server_layout
 from omni_ext.api.queue import Admitted, RequestQueue
 from omni_ext.api.settings import ApiSettings, load_settings
 from omni_ext.api.validation import limits_for_model
@@ -180,13 +180,36 @@ def _served_model(app_state: Any, args: Any) -> tuple[str, str]:
     return name, path
 
 
+def served_class(app_state: Any) -> str | None:
+    """The pipeline class vLLM-Omni's diffusion stage runs (its resolved ``model_class_name``), or None
+    where the stage configs do not say (then ``model_index.json`` decides)."""
+    stage = diffusion_stage(getattr(app_state, "stage_configs", None))
+    name = getattr(getattr(stage, "diffusion_config", None), "model_class_name", None)
+    return name if isinstance(name, str) and name else None
+
+
+def served_layout(app_state: Any, args: Any, pipeline: str | None) -> tuple[ServerLayout, str]:
+    """The server's layout as its engine really runs the model, and why: a TunedExecutor that hands the
+    model to vLLM-Omni's own executor (:func:`omni_ext.models.decisions.executor_path`, the same rule
+    the executor applies) counts as vLLM-Omni's executor here."""
+    from omni_ext.models import decisions, registry
+    from omni_ext.models.families import family_of
+
+    layout = server_layout(args, getattr(app_state, "stage_configs", None))
+    if not layout.tuned:
+        return layout, "vLLM-Omni's own executor (--distributed-executor-backend)"
+    path, why = decisions.executor_path(registry.facts_of(pipeline) if pipeline else None, family_of(pipeline),
+                                        dp=layout.dp, max_num_seqs=layout.max_num_seqs)
+    return (replace(layout, executor=None) if path == "stock" else layout), why
+
+
 def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: str, max_jobs: int,
                   dispatch: ReplicaDispatch | None = None) -> RequestQueue:
     """The server's :class:`RequestQueue`, from its layout and ``omni_ext.scheduler`` options (a
     ``ValueError`` naming the bad option otherwise). ``dispatch``: this process's dispatch to
     replicas, configured here (slots per replica, pipeline, options), whose live capacity and binding
     times the queue reads."""
-    layout = server_layout(args, getattr(app_state, "stage_configs", None))
+    layout, _ = served_layout(app_state, args, limits.pipeline)
     try:
         config = scheduler_config(layout.additional_config, getattr(args, "cache_backend", None))
     except ValueError as exc:
@@ -214,7 +237,7 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
         return existing
     settings = load_settings(args)
     name, path = _served_model(app_state, args)
-    limits = limits_for_model(path)
+    limits = limits_for_model(path, served_class(app_state))
     queue = request_queue(app_state, args, limits, name, settings.max_queued, dispatch)
     settings.media_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(settings.db_path)

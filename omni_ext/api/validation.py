@@ -10,27 +10,20 @@ JSON error. The rule set itself (:func:`~omni_ext.api.intake.check_request`) is 
 own routes answer with before a job exists.
 
 The limits come from the served model's own config files (VAE downsampling x transformer patch
-size), not from a table of model names, so a new architecture gets sensible checks too; only
-whether it makes video is the model-family table's answer. The fixed bounds (steps, frames,
-pixels, outputs) are :mod:`omni_ext.api.limits`.
+size), read where vLLM-Omni reads them (a local folder, or a hub id's snapshot:
+:func:`omni_ext.models.registry.model_json`), not from a table of model names, so a new
+architecture gets sensible checks too; whether it makes video, and whether it takes a reference
+image, are vLLM-Omni's own answers (:func:`omni_ext.models.registry.facts_of`). The fixed bounds
+(steps, frames, pixels, outputs) are :mod:`omni_ext.api.limits`.
 """
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from omni_ext.api.intake import GUIDANCE_FIELDS, ModelLimits, check_request
-from omni_ext.models import families
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+from omni_ext.models import registry
 
 
 def _vae_factor(vae: dict[str, Any]) -> int:
@@ -50,20 +43,33 @@ def _patch(transformer: dict[str, Any]) -> int:
     return int(p or 1)
 
 
+def output_type(pipeline: str | None) -> str:
+    """vLLM-Omni's own answer to what a pipeline class makes ("video", "image", "audio"), by the rule its
+    stage configs use (model metadata, then the class's audio flag, else "image")."""
+    from vllm_omni.diffusion.io_support import get_diffusion_output_type
+
+    return get_diffusion_output_type(pipeline)
+
+
 @lru_cache(maxsize=16)
-def limits_for_model(model: str) -> ModelLimits:
-    root = Path(model)
-    index = _read_json(root / "model_index.json")
-    pipeline = index.get("_class_name")
-    vae = _read_json(root / "vae" / "config.json")
-    transformer = _read_json(root / "transformer" / "config.json")
-    scheduler = _read_json(root / "scheduler" / "scheduler_config.json")
+def limits_for_model(model: str, pipeline: str | None = None) -> ModelLimits:
+    """The limits of the model at ``model`` (a folder or a hub id). ``pipeline``: the class vLLM-Omni's
+    stage runs it as (its ``model_class_name``, which a registered topology may give: FastWan's
+    ``WanDMDPipeline`` runs as ``WanPipeline``); default: ``model_index.json``'s ``_class_name``."""
+    if pipeline is None:
+        index = registry.model_index(model)
+        pipeline = index.get("_class_name") if isinstance(index.get("_class_name"), str) else None
+    vae = registry.model_json(model, "vae/config.json")
+    transformer = registry.model_json(model, "transformer/config.json")
+    scheduler = registry.model_json(model, "scheduler/scheduler_config.json")
     factor = _vae_factor(vae)
     multiple = factor * _patch(transformer) if factor else 0
     # FlowMatch schedulers stretched to a terminal sigma give sigmas [nan, 0] for a single step.
     min_steps = 2 if scheduler.get("shift_terminal") else 1
+    facts = registry.facts_of(pipeline) if pipeline else None
     return ModelLimits(pipeline=pipeline, spatial_multiple=multiple, min_steps=min_steps,
-                       is_video=families.is_video(pipeline))
+                       is_video=output_type(pipeline) == "video",
+                       image_input=bool(facts and facts.image_input))
 
 
 def check_sampling_params(params: Any, limits: ModelLimits) -> None:

@@ -87,8 +87,35 @@ def _environ(extra: dict[str, str]):
                 os.environ[k] = v
 
 
+def executor_path(od_config: Any) -> tuple[str, str]:
+    """:func:`omni_ext.models.decisions.executor_path` for the model and layout of ``od_config``."""
+    from omni_ext.models import decisions, registry
+
+    additional = getattr(od_config, "additional_config", None)
+    pc = getattr(od_config, "parallel_config", None)
+    dp = int(omni_ext_section(additional).get("data_parallel_size") or 0) or int(getattr(pc, "data_parallel_size", 1) or 1)
+    arch = getattr(od_config, "model_class_name", None)
+    return decisions.executor_path(registry.facts_of(arch) if arch else None, families.family_of(arch), dp=dp,
+                                   max_num_seqs=int(getattr(od_config, "max_num_seqs", 1) or 1))
+
+
 class TunedExecutor(DiffusionExecutor):
     uses_multiproc: bool = True
+
+    def __new__(cls, od_config: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """vLLM-Omni's own executor where omni-ext has nothing to add for the served model, or would lose
+        something vLLM-Omni gives (:func:`omni_ext.models.decisions.executor_path`: no tuned pipeline and
+        one data-parallel group; a pipeline with step cancellation or request batching): built and
+        returned here, so the engine holds it instead (Python then skips this class's ``__init__``), and
+        the model runs exactly as without omni-ext."""
+        path, why = executor_path(od_config) if od_config is not None else ("tuned", "")
+        if path != "stock":
+            return super().__new__(cls)
+        od_config.distributed_executor_backend = None
+        stock = DiffusionExecutor.get_class(od_config)
+        logger.info("omni-ext TunedExecutor: %s runs on vLLM-Omni's own executor (%s): %s",
+                    getattr(od_config, "model_class_name", None), stock.__name__, why)
+        return stock(od_config)
 
     # ------------------------------------------------------------------ set-up
     def _init_executor(self) -> None:
@@ -170,7 +197,7 @@ class TunedExecutor(DiffusionExecutor):
         self.ranks = RankQueue(
             self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
             send=self._post, cancel_slots=self._cancel_slots, small_warmup=device_type == "cpu", units=self.units,
-            preempt_refusal=self._preempt_refusal(), batch_key=self._batch_key(family),
+            preempt_refusal=self._preempt_refusal(), batch_key=self._batch_key(),
             engine_settles=int(getattr(cfg, "max_num_seqs", 1) or 1) > 1
             and float(getattr(cfg, "request_batch_max_wait_ms", 0) or 0) > 0,
         )
@@ -204,14 +231,17 @@ class TunedExecutor(DiffusionExecutor):
             return f"cache backend {backend!r} keeps per-request state a pause cannot save"
         return None
 
-    def _batch_key(self, family) -> Any:
+    def _batch_key(self) -> Any:
         """What makes requests of one wave batchable (request batching), or None where this server
-        never batches: ``--max-num-seqs`` 1, or a family whose vLLM-Omni pipeline has no request-batch
-        forward (``families.ModelFamily.request_batch``). The key is vLLM-Omni's own: its request
-        scheduler puts only requests with equal keys into one wave."""
+        never batches: ``--max-num-seqs`` 1, or a pipeline without a request-batch forward (vLLM-Omni's
+        ``supports_request_batch``). The key is vLLM-Omni's own: its request scheduler puts only
+        requests with equal keys into one wave."""
+        from omni_ext.models import registry
+
         if int(getattr(self.od_config, "max_num_seqs", 1) or 1) <= 1:
             return None
-        if family is None or not family.request_batch:
+        facts = registry.facts_of(self.model_arch) if self.model_arch else None
+        if facts is None or not facts.request_batch:
             logger.info("omni-ext: %s has no request-batch forward; each request of a wave runs as its own job",
                         self.model_arch)
             return None

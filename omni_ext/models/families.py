@@ -1,9 +1,14 @@
-"""The model-family table: everything omni-ext knows per diffusion pipeline class, in one place.
+"""The model-family table: what omni-ext knows per diffusion pipeline class that vLLM-Omni does not.
 
-Every other module (request validation and defaults, the OpenAI routes, the tuned executor's CFG
-rule and cost, the tuned pipeline registration, cancellation opt-in, preset rendering) reads this
-table instead of keeping its own list of class names. Adding a model family is one entry here
-plus its tests.
+That is the native request shape, omni-ext's tuned class and the CFG rule it splits by, the cost
+formula, the deploy-YAML topology and omni-ext's cancellation opt-in. Everything vLLM-Omni itself
+knows of a class (video or image, request batching, step cancellation, reference inputs, sequence
+parallel) is read from vLLM-Omni (:mod:`omni_ext.models.registry`) and decided on in
+:mod:`omni_ext.models.decisions`; a class with no entry here gets vLLM-Omni's own behaviour. Every
+other module (request validation and defaults, the tuned executor's CFG rule and cost, the tuned
+pipeline registration, cancellation opt-in, preset rendering) reads this table instead of keeping
+its own list of class names. Adding a model family is one entry here plus its tests; its names are
+vLLM-Omni registry keys (``tests/test_registry_sweep.py`` fails on one that is not).
 
 A pipeline class is the ``_class_name`` of a diffusers ``model_index.json`` (what vLLM-Omni
 calls the model architecture, ``od_config.model_class_name``). This module imports nothing from
@@ -50,9 +55,6 @@ class ModelFamily:
     patch size); ``latent_temporal`` frames make one latent frame (video only); ``decode_units``
     is the VAE decode's cost in denoise-step equivalents. Together they are the cost formula
     (:meth:`cost_units`).
-    ``request_batch``: ``vllm_omni_class`` runs several compatible requests in one forward
-    (vLLM-Omni's ``supports_request_batch``), so the TunedExecutor keeps a wave of ``--max-num-seqs``
-    requests together where it pays (:mod:`omni_ext.scheduler.batching`).
     """
 
     name: str
@@ -61,8 +63,6 @@ class ModelFamily:
     native: NativeShape
     cfg_rule: CfgRule = "always"
     default_guidance: float = 4.0
-    can_edit: bool = False
-    accepts_reference: bool = False
     vllm_omni_class: str | None = None
     tuned_class: str | None = None
     cancellable: bool = False
@@ -70,7 +70,6 @@ class ModelFamily:
     latent_spatial: int = 16
     latent_temporal: int = 4
     decode_units: float = 4.0
-    request_batch: bool = False
 
     @property
     def is_video(self) -> bool:
@@ -144,21 +143,6 @@ FAMILIES: tuple[ModelFamily, ...] = (
         tuned_class="omni_ext.executor.pipelines:TunedWan22Pipeline",
         cancellable=True,
         topology="registered",
-        request_batch=True,
-    ),
-    ModelFamily(
-        # vLLM-Omni's own Wan2.2 class names (TI2V-5B release shape); the pipeline takes an optional
-        # reference image (its I2V mode); no deploy-YAML topology is registered under these names.
-        name="wan2.2-ti2v",
-        kind="video",
-        pipelines=("Wan22Pipeline", "WanT2VPipeline"),
-        native=NativeShape(width=1280, height=704, num_frames=121, fps=24, steps=50),
-        cfg_rule="wan",
-        default_guidance=4.0,
-        accepts_reference=True,
-        vllm_omni_class="vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
-        cancellable=True,
-        request_batch=True,
     ),
     ModelFamily(
         name="wan2.x-i2v",
@@ -167,7 +151,6 @@ FAMILIES: tuple[ModelFamily, ...] = (
         native=_WAN_NATIVE,
         cfg_rule="wan",
         default_guidance=5.0,
-        accepts_reference=True,
     ),
     ModelFamily(
         name="qwen-image",
@@ -180,23 +163,18 @@ FAMILIES: tuple[ModelFamily, ...] = (
         tuned_class="omni_ext.executor.pipelines:TunedQwenImagePipeline",
         cancellable=True,
         topology="omni-ext",
-        request_batch=True,
     ),
     ModelFamily(
         name="qwen-image-edit",
         kind="image",
         pipelines=("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),
         native=NativeShape(width=1024, height=1024, steps=50),
-        can_edit=True,
-        accepts_reference=True,
     ),
     ModelFamily(
         name="flux-kontext",
         kind="image",
         pipelines=("FluxKontextPipeline",),
         native=NativeShape(width=1024, height=1024, steps=28),
-        can_edit=True,
-        accepts_reference=True,
     ),
 )
 
@@ -208,20 +186,6 @@ if len(_BY_PIPELINE) != sum(len(f.pipelines) for f in FAMILIES):  # pragma: no c
 def family_of(pipeline: str | None) -> ModelFamily | None:
     """The family of a pipeline class, or None for a class omni-ext has no entry for."""
     return _BY_PIPELINE.get(pipeline or "")
-
-
-def is_video(pipeline: str | None) -> bool:
-    """Whether a pipeline generates video.
-
-    Known classes answer from the table; for a class omni-ext has no entry for, diffusers' naming
-    convention (``...VideoPipeline``/``...I2VPipeline``) decides, so that a video model vLLM-Omni serves
-    but this table does not list still reaches ``/v1/videos``.
-    """
-    family = family_of(pipeline)
-    if family is not None:
-        return family.is_video
-    name = pipeline or ""
-    return "Video" in name or "I2V" in name or "T2V" in name
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -264,8 +228,14 @@ def needs_cfg(pipeline: str | None, prompt: Any, sp: Any) -> bool:
 
 
 def cost_units(pipeline: str | None, sp: Any, cfg: bool) -> float:
-    """A request's expected work (see :meth:`ModelFamily.cost_units`); unknown models cost like Wan."""
-    return (family_of(pipeline) or FAMILIES[0]).cost_units(sp, cfg)
+    """A request's expected work (see :meth:`ModelFamily.cost_units`); a model without a family costs
+    by Wan's formula at the request's own length (one frame when it names none)."""
+    family = family_of(pipeline)
+    if family is not None:
+        return family.cost_units(sp, cfg)
+    w, h, _, steps = FAMILIES[0].shape_of(sp)
+    frames = int(_get(sp, "num_frames") or 1)
+    return float(FAMILIES[0].latent_tokens(w, h, frames) * (steps * (2 if cfg else 1) + FAMILIES[0].decode_units))
 
 
 def tuned_pipelines() -> dict[str, str]:
@@ -299,7 +269,7 @@ class JobShape:
 def request_cost(pipeline: str | None, prompt: Any, sp: Any, cfg: bool | None = None, n: int = 1) -> JobShape:
     """The :class:`JobShape` of a request (``prompt``, sampling params ``sp``: the engine's, or
     :class:`SamplingFields`): unset fields take the family's native values (a model without a
-    family entry is sized like the first family, and is one frame unless it is a video model);
+    family entry is sized like the first family, at the length the request names, else one frame);
     ``cfg`` decided by the caller, else by the pipeline's own rule (:func:`needs_cfg`); ``n``
     outputs cost ``n`` times one. The API's account, the head's dispatch and the TunedExecutor all
     class requests with this."""
@@ -307,8 +277,8 @@ def request_cost(pipeline: str | None, prompt: Any, sp: Any, cfg: bool | None = 
         cfg = needs_cfg(pipeline, prompt, sp)
     family = family_of(pipeline)
     width, height, frames, steps = (family or FAMILIES[0]).shape_of(sp)
-    if family is None and not is_video(pipeline):
-        frames = 1
+    if family is None:  # no family: the request's own length (an image request names none)
+        frames = int(_get(sp, "num_frames") or 1)
     key = shape_key(family.name if family else pipeline, width, height, frames, cfg)
     return JobShape(key, cost_units(pipeline, sp, cfg) * max(1, n), cfg, steps)
 

@@ -190,6 +190,25 @@ COUPLINGS: tuple[Coupling, ...] = (
         ),
         used_in="omni_ext.executor.vae_pipeline",
     ),
+    # ---- vLLM-Omni's registry and model facts (omni_ext.models.registry) --------------------------
+    *_used_together(
+        "The pipelines vLLM-Omni registers, the class it loads for each key, and the classes cache "
+        "acceleration cannot serve: omni-ext reads every model fact from these (omni-ext models, the routes, "
+        "the TunedExecutor's hand-off to vLLM-Omni's executor) instead of keeping its own list of names.",
+        "omni_ext.models.registry",
+        ("vllm_omni.diffusion.registry:_DIFFUSION_MODELS", "attribute"),
+        ("vllm_omni.diffusion.registry:_NO_CACHE_ACCELERATION", "attribute"),
+        ("vllm_omni.diffusion.registry:DiffusionModelRegistry._try_load_model_cls", "method"),
+    ),
+    *_used_together(
+        "vLLM-Omni's own answers for a class: what it makes (video/image/audio), its reference inputs; read with "
+        "getattr where the class declares them (supports_request_batch, supports_request_cancellation, "
+        "support_image_input), so a rename reads False and omni-ext falls back to vLLM-Omni's own executor.",
+        "omni_ext.models.registry",
+        ("vllm_omni.diffusion.io_support:get_diffusion_output_type", "function"),
+        ("vllm_omni.diffusion.model_metadata:get_diffusion_model_metadata", "function"),
+        ("vllm_omni.diffusion.distributed.cfg_parallel:CFGParallelMixin", "function"),
+    ),
     # ---- TunedExecutor (omni_ext.executor.tuned) -------------------------------------------------
     Coupling(
         name="vllm_omni.diffusion.executor.abstract:DiffusionExecutor._init_executor",

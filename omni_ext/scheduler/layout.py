@@ -96,6 +96,7 @@ class ServerLayout:
     dp: int = 1
     replicas: int = 1
     additional_config: Any = None
+    max_num_seqs: int = 1
 
     @property
     def tuned(self) -> bool:
@@ -151,5 +152,6 @@ def server_layout(args: Any, stage_configs: Any = None) -> ServerLayout:
     cfg = getattr(par, "cfg_parallel_size", None) or getattr(args, "cfg_parallel_size", None)
     # The TunedExecutor's own rule: omni-ext's data_parallel_size, else vLLM-Omni's.
     dp = omni_ext_section(additional).get("data_parallel_size") or getattr(par, "data_parallel_size", None)
+    seqs = getattr(diff, "max_num_seqs", None) or getattr(args, "max_num_seqs", None)
     return ServerLayout(executor=executor, cfg=_int(cfg), dp=_int(dp), replicas=_int(getattr(runtime, "num_replicas", None)),
-                        additional_config=additional)
+                        additional_config=additional, max_num_seqs=_int(seqs))
