@@ -389,3 +389,36 @@ def test_idle_poll_goes_deep_only_after_a_second_with_nothing_in_flight(monkeypa
     del a.request_states  # a vLLM-Omni without the attribute: never deep
     monkeypatch.setattr(idle_poll, "ORCHESTRATORS", [a])
     assert idle_poll.nothing_in_flight() is False
+
+
+def test_dmd2_forward_bug_and_fix() -> None:
+    """vLLM-Omni's DMD2 mixin passes guidance_scale/num_inference_steps to a base forward that takes the
+    batch alone (Wan22Pipeline, QwenImagePipeline): TypeError, the server's warm-up dies. Patched, such a
+    base gets the batch alone, and a base that declares the keywords still gets the DMD2 values."""
+    from vllm_omni.diffusion.models.dmd2.mixin import DMD2PipelineMixin
+
+    from omni_ext.patches import dmd2_forward
+
+    stock = getattr(DMD2PipelineMixin.forward, "__wrapped__", DMD2PipelineMixin.forward)
+
+    class BatchOnly:  # Wan22Pipeline.forward(self, req)
+        def forward(self, req):
+            return ["batch", req]
+
+    class Keywords:  # a base forward that declares the DMD2 overrides
+        def forward(self, req, guidance_scale=None, num_inference_steps=None):
+            return [guidance_scale, num_inference_steps]
+
+    def pipeline(base: type) -> object:
+        cls = type(f"DMD2{base.__name__}", (DMD2PipelineMixin, base), {})
+        p = cls.__new__(cls)
+        p.dmd2_config = SimpleNamespace(guidance_scale=1.0, num_inference_steps=4)
+        p._sanitize_dmd2_request = lambda req: None
+        return p
+
+    with pytest.raises(TypeError, match="guidance_scale"):
+        stock(pipeline(BatchOnly), "req")
+    dmd2_forward.apply()
+    dmd2_forward.apply()  # idempotent
+    assert DMD2PipelineMixin.forward(pipeline(BatchOnly), "req") == ["batch", "req"]
+    assert DMD2PipelineMixin.forward(pipeline(Keywords), "req", guidance_scale=7.0) == [1.0, 4]

@@ -345,6 +345,25 @@ PATCHES: tuple[Patch, ...] = (
         upstream="not filed: the key is omni-ext's own; the diff shows the same change in vLLM-Omni's source",
         apply="omni_ext.patches.dp_world:apply",
     ),
+    Patch(
+        name="dmd2-forward-kwargs",
+        target="vllm_omni.diffusion.models.dmd2.mixin:DMD2PipelineMixin.forward",
+        why=(
+            "Every DMD2-distilled pipeline vLLM-Omni registers on a Wan or Qwen-Image base "
+            "(WanT2VDMD2Pipeline, WanI2VDMD2Pipeline, QwenImageDMD2Pipeline; LTX2's two too) dies in the "
+            "server's warm-up with 'Dummy run failed: Wan22Pipeline.forward() got an unexpected keyword "
+            "argument guidance_scale': the mixin passes guidance_scale and num_inference_steps to a base "
+            "forward that takes the request batch alone. The request's sampling params already carry both "
+            "(_sanitize_dmd2_request), so they are passed only to a base forward that declares them."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0014-dmd2-mixin-forward-kwargs.diff",
+        test="tests/test_patches.py::test_dmd2_forward_bug_and_fix",
+        removal="Drop once the upstream diff (or an equivalent) is in a vLLM-Omni release we pin.",
+        upstream="not yet filed; patches/0014-dmd2-mixin-forward-kwargs.diff is ready to send",
+        apply="omni_ext.patches.dmd2_forward:apply",
+    ),
 )
 
 
