@@ -365,3 +365,34 @@ def test_find_job_and_read_media(tmp_path: Path) -> None:
         with pytest.raises(APIError) as err:
             call()
         assert (err.value.status, err.value.code, err.value.message) == (status, code, message)
+
+
+def test_a_reference_image_over_the_pixel_bound_is_refused_from_its_header(tmp_path: Path, monkeypatch) -> None:
+    """A small PNG that would decode to a huge image (an image bomb) gets a 400 before any pixel is decoded;
+    one past PIL's own bomb limit gets a 400 too, never a 500."""
+    import io
+
+    from PIL import Image
+
+    from omni_ext.api import intake
+
+    def png(width: int, height: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("1", (width, height)).save(buf, format="PNG", optimize=True)
+        return buf.getvalue()
+
+    state = api_state(tmp_path / "i2v", ModelLimits("WanImageToVideoPipeline", 16, 1, True, image_input=True))
+    big, bomb = png(65, 64), png(100, 100)
+    monkeypatch.setattr(intake, "max_reference_pixels", lambda: 64 * 64)
+    decoded: list[object] = []
+    monkeypatch.setattr(Image.Image, "load", lambda self: decoded.append(self) or None)
+    with pytest.raises(APIError) as err:
+        build_video_request(Body({"prompt": "x"}, {"input_reference": ("a.png", "image/png", big)}), state, {})
+    assert (err.value.code, err.value.param) == ("image_too_large", "input_reference") and "65x64" in err.value.message
+    assert decoded == []  # refused from the header alone
+    monkeypatch.undo()
+    monkeypatch.setattr(intake, "max_reference_pixels", lambda: 0)  # no bound of ours: PIL's own bomb check
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(APIError) as err:
+        build_video_request(Body({"prompt": "x"}, {"input_reference": ("a.png", "image/png", bomb)}), state, {})
+    assert err.value.code == "invalid_image"

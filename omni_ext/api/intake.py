@@ -440,11 +440,27 @@ def _reference_image(body: Body, state: Served) -> Any:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        img = Image.open(io.BytesIO(raw))
+        img = Image.open(io.BytesIO(raw))  # the header only: nothing is decoded yet
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
+        raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
+    width, height = img.size
+    bound = max_reference_pixels()
+    if bound > 0 and width * height > bound:
+        raise bad_request(f"input_reference is {width}x{height} ({width * height} pixels), over this server's bound of "
+                          f"{bound} pixels (VLLM_MAX_IMAGE_PIXELS).", "input_reference", "image_too_large")
+    try:
         img.load()
-    except (UnidentifiedImageError, OSError):
+    except (OSError, ValueError, Image.DecompressionBombError):
         raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
     return img.convert("RGB")
+
+
+def max_reference_pixels() -> int:
+    """The pixel bound of a reference image, read from its header before anything is decoded: vLLM's own
+    ``VLLM_MAX_IMAGE_PIXELS`` (vLLM-Omni's video route checks the same one); 0 or less: no bound."""
+    from vllm import envs
+
+    return int(envs.VLLM_MAX_IMAGE_PIXELS)
 
 
 def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> JobSpec:
@@ -506,6 +522,9 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
 async def read_video_request(request: Request, state: Served, defaults: dict[str, int]) -> JobSpec:
     """The ``POST /v1/videos`` (and ``/sync``) body, read within the upload limit, as its checked spec."""
     body = await parse_body(request, state.settings.max_upload_bytes)
+    if "input_reference" in body.files or body.fields.get("input_reference") is not None:
+        # a reference image is decoded here: off the event loop, which keeps serving meanwhile
+        return await media.off_loop(build_video_request, body, state, defaults)
     return build_video_request(body, state, defaults)
 
 
