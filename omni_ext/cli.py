@@ -72,6 +72,29 @@ def _cmd_patches_couplings(args: argparse.Namespace) -> int:
     return 1 if args.check and any(r["problem"] for r in rows) else 0
 
 
+def _cmd_models(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from omni_ext.models import matrix
+    from omni_ext.patches import omni_version
+
+    version = omni_version()
+    if not version:
+        print("omni-ext models: vllm-omni is not installed (its registry is what this lists)", file=sys.stderr)
+        return 1
+    with contextlib.redirect_stdout(sys.stderr):  # vLLM logs to stdout as it loads: keep the output clean
+        rows = matrix.decisions()
+    if args.json:
+        print(json.dumps({"vllm_omni": version, "models": [d.as_dict() for d in rows],
+                          "counts": matrix.counts(rows)}, indent=2))
+    elif args.markdown:
+        print(matrix.markdown_page(rows, version), end="")
+    else:
+        print(f"vLLM-Omni installed: {version}\n")
+        print(matrix.text_table(rows))
+    return 0
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     import importlib.metadata as md
 
@@ -117,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--json", action="store_true")
     pc.add_argument("--check", action="store_true", help="resolve each against the installed vLLM-Omni; exit 1 if one is broken")
     pc.set_defaults(func=_cmd_patches_couplings)
+
+    p = sub.add_parser("models", help="omni-ext's path for every pipeline class vLLM-Omni registers (docs/models.md)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="the decisions and the counts as JSON")
+    out.add_argument("--markdown", action="store_true", help="the docs/models.md page")
+    p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("info", help="versions, platform decision and registered entry points")
     p.set_defaults(func=_cmd_info)

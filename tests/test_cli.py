@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from omni_ext.cli import build_parser
 from omni_ext.patches import PATCHES
 from omni_ext.patches.couplings import COUPLINGS
 from omni_ext.startup import check_model, serve_model_arg
@@ -47,6 +49,32 @@ def test_patches_couplings_json_is_the_registry_and_holds() -> None:
     assert [row["problem"] for row in out["couplings"]] == [None] * len(COUPLINGS)
     text = run_cli("patches", "couplings")
     assert all(c.name in text for c in COUPLINGS)
+
+
+#: Every ``omni-ext`` subcommand (a new one is added here and to the README).
+SUBCOMMANDS = ("make-tiny-model", "patches", "models", "info", "presets", "plan", "serve", "doctor", "bench",
+               "device-check")
+
+
+def test_help_lists_every_subcommand() -> None:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert tuple(sub.choices) == SUBCOMMANDS
+    out = run_cli("--help")
+    for name in SUBCOMMANDS:
+        assert f"\n    {name}" in out, name
+
+
+@pytest.mark.spawns
+def test_models_json_is_clean_and_counts_add_up() -> None:
+    """``omni-ext models --json``: vLLM's start-up log goes to stderr; one row per registered class
+    (tests/test_registry_sweep.py checks the rows themselves)."""
+    out = json.loads(run_cli("models", "--json"))
+    assert out["vllm_omni"] == "0.30.0"
+    keys = [m["key"] for m in out["models"]]
+    assert len(keys) == len(set(keys)) and {"WanPipeline", "QwenImagePipeline"} <= set(keys)
+    assert sum(out["counts"].values()) == len(keys)
+    paths = ("tuned", "passthrough", "unavailable")
+    assert out["counts"] == {p: sum(m["path"] == p for m in out["models"]) for p in paths}
 
 
 def test_info_shows_entry_points() -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from omni_ext.models.tiny import RELABELLED as TINY_OF
 from tests.helpers import serve_models
 
 TUNED_DP2 = ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor",
@@ -49,6 +50,11 @@ def relabel(model: Path, dest: Path, cls: str, extra: dict) -> Path:
     index = json.loads((dest / "model_index.json").read_text())
     (dest / "model_index.json").write_text(json.dumps({**index, "_class_name": cls, **extra}, indent=2))
     return dest
+
+
+def test_the_relabelled_classes_are_the_tiny_models_table() -> None:
+    """``omni-ext models`` names the tiny model each class is tested on from omni_ext.models.tiny.RELABELLED."""
+    assert {cls: tiny for tiny, cls, _ in RELABELLED.values()} == TINY_OF
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import diffusers  # noqa: E402
 from omni_ext.models.tiny import (  # noqa: E402
     INFO_FILE,
     MODELS,
+    PIPELINES,
     QWEN_IMAGE_PROMPT_TEMPLATE,
     QWEN_IMAGE_TEMPLATE_TOKENS,
     SIZES,
@@ -52,6 +53,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pat
 
 def test_api_constants() -> None:
     assert MODELS == ("wan2.1-t2v", "qwen-image")
+    assert PIPELINES == {"wan2.1-t2v": "WanPipeline", "qwen-image": "QwenImagePipeline"}
     assert SIZES == ("tiny", "small", "med")
 
 
@@ -106,6 +108,7 @@ def test_layout_and_class_names(built: dict[str, tuple[Path, Path]], model: str,
         assert (path / sub).is_dir()
     assert (path / "tokenizer" / "tokenizer.json").is_file()
     assert model_info(path) == {"pipeline": layout["_class_name"], "model": model, "size": "tiny", "dtype": "bfloat16"}
+    assert PIPELINES[model] == layout["_class_name"]  # what omni-ext models says each class is tested on
 
 
 def test_scheduler_configs_match_releases(built: dict[str, tuple[Path, Path]]) -> None:

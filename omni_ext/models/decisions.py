@@ -142,10 +142,12 @@ def executor_path(facts: _Facts | None, family: ModelFamily | None, *, dp: int, 
     - ``stock``: vLLM-Omni's own executor runs the model, unchanged: the same bytes, batching,
       cancellation and CFG rule as without omni-ext.
     """
+    if facts is not None and not facts.loaded:
+        return "stock", "vLLM-Omni's registry has no importable class for it"
     if family is not None and family.tuned_class:
         return "tuned", f"omni-ext's tuned pipeline for family {family.name}"
-    if facts is None or not facts.loaded:
-        return "stock", "vLLM-Omni's registry has no importable class for it"
+    if facts is None:
+        return "stock", "vLLM-Omni's registry has no class of that name"
     if dp < 2:
         return "stock", ("no tuned pipeline and one data-parallel group: vLLM-Omni's own executor runs it "
                          "exactly as without omni-ext")

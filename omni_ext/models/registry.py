@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,7 +95,9 @@ def _sp_declared(cls: type) -> bool:
         if not name.startswith(package) or module is None:
             continue
         for obj in vars(module).values():
-            if isinstance(obj, type) and obj.__module__ == name and getattr(obj, "_sp_plan", None):
+            # declared in the class body, whatever the value: vLLM-Omni reads it with "is not None", an
+            # empty plan switches its SP path on (Sana Video), and LTX-2 declares None and sets it per instance
+            if isinstance(obj, type) and obj.__module__ == name and "_sp_plan" in vars(obj):
                 return True
     return False
 
@@ -148,7 +151,7 @@ def facts_of(key: str) -> PipelineFacts | None:
     )
     try:
         cls = DiffusionModelRegistry._try_load_model_cls(key)
-        error = "" if cls is not None else "vLLM-Omni's registry could not import it (see its log)"
+        error = "" if cls is not None else _import_error(f"vllm_omni.diffusion.models.{folder}.{module}")
     except Exception as exc:  # pragma: no cover - _try_load_model_cls logs and returns None itself
         cls, error = None, f"{type(exc).__name__}: {exc}"
     if cls is None:
@@ -172,6 +175,18 @@ def facts_of(key: str) -> PipelineFacts | None:
         audio_input=bool(getattr(cls, "support_audio_input", False)),
         **common,
     )
+
+
+def _import_error(module: str) -> str:
+    """Why ``module`` does not import (vLLM-Omni's registry logs it and returns None)."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return f"{type(exc).__name__}: {re.sub(r' [(]/[^)]*[)]', '', first)}"  # no host paths
+    return "vLLM-Omni's registry could not load the class"
 
 
 def _load(qualname: str) -> type | None:

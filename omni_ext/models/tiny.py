@@ -29,9 +29,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODELS", "SIZES", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info"]
+__all__ = ["MODELS", "PIPELINES", "RELABELLED", "SIZES", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info"]
 
 MODELS: tuple[str, ...] = ("wan2.1-t2v", "qwen-image")
+#: The pipeline class each tiny model is built as (its ``model_index.json`` ``_class_name``, the
+#: vLLM-Omni registry key it is served by): what ``omni-ext models`` says each class is tested on.
+PIPELINES: dict[str, str] = {"wan2.1-t2v": "WanPipeline", "qwen-image": "QwenImagePipeline"}
+#: Other registered classes on a tiny model's architecture: the suite serves the tiny model relabelled as
+#: each (its ``model_index.json`` ``_class_name``; tests/test_registry_models.py), class -> tiny model.
+RELABELLED: dict[str, str] = {"WanDMDPipeline": "wan2.1-t2v", "WanT2VDMD2Pipeline": "wan2.1-t2v",
+                              "QwenImageDMD2Pipeline": "qwen-image"}
 SIZES: tuple[str, ...] = ("tiny", "small", "med")
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 
