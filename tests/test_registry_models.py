@@ -10,6 +10,8 @@ architecture (their ``model_index.json``'s ``_class_name``), as a checkpoint of 
   omni-ext's ``dmd2-forward-kwargs`` patch): no tuned class, and they derive from classes that cancel at
   a step boundary, so under the TunedExecutor at ``data_parallel_size`` 2 vLLM-Omni's own executor runs
   them (a per-step all-reduce over every rank would hang data-parallel groups running different jobs).
+  The Qwen-Image one is served with omni-ext's ``cancel-at-step`` switched off on its TunedExecutor
+  server, so that it takes the third path: vLLM-Omni's pipeline, one request per data-parallel group.
 
 Each is served twice, by vLLM-Omni's default executor and by the TunedExecutor at data parallel 2, and
 must give the same bytes for the same seed; the DMD2 servers must stop a running job at its next step
@@ -40,6 +42,8 @@ RELABELLED = {
     "wan-dmd2": ("wan2.1-t2v", "WanT2VDMD2Pipeline", {"dmd2_config": {"num_inference_steps": 40}}),
     "qwen-dmd2": ("qwen-image", "QwenImageDMD2Pipeline", {}),
 }
+#: Not cancellable at a step boundary: the TunedExecutor runs vLLM-Omni's pipeline on whole groups.
+WHOLE_GROUP_ENV = {"OMNI_EXT_DISABLE_PATCHES": "cancel-at-step"}
 VIDEO = {"prompt": "a red fox running through fresh snow", "size": "64x64", "num_frames": 9, "seed": 11}
 IMAGE = {"prompt": "a lighthouse at dusk", "size": "64x64", "seed": 11, "num_inference_steps": 4}
 
@@ -64,7 +68,7 @@ def servers(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     for name, (tiny, cls, extra) in RELABELLED.items():
         model = str(relabel(tiny_models[tiny], root / name, cls, extra))
         specs[f"{name}-stock"] = (model, [], {})
-        specs[f"{name}-tuned"] = (model, TUNED_DP2, {})
+        specs[f"{name}-tuned"] = (model, TUNED_DP2, WHOLE_GROUP_ENV if name == "qwen-dmd2" else {})
     with serve_models(tmp_path_factory.mktemp("relabelled-servers"), specs) as procs:
         yield procs
 
@@ -101,6 +105,8 @@ def test_relabelled_wan_gives_stocks_bytes_under_the_tuned_executor_at_dp2(serve
 
 @pytest.mark.server
 def test_relabelled_qwen_image_dmd2_gives_stocks_bytes_under_the_tuned_executor_at_dp2(servers) -> None:
+    """On whole data-parallel groups (its TunedExecutor server has no step cancellation): two at once run
+    on the two groups and each gives vLLM-Omni's executor's bytes."""
     stock, tuned = servers["qwen-dmd2-stock"], servers["qwen-dmd2-tuned"]
     assert _image(tuned) == _image(stock)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -112,10 +118,11 @@ def test_relabelled_qwen_image_dmd2_gives_stocks_bytes_under_the_tuned_executor_
 def test_info_names_the_executor_that_really_runs_the_model(servers) -> None:
     fastwan = _layout(servers["fastwan-tuned"])
     assert fastwan["executor"] == "TunedExecutor" and fastwan["data_parallel_size"] == 2, fastwan
-    for name in ("wan-dmd2-tuned", "qwen-dmd2-tuned"):
-        layout = _layout(servers[name])
-        assert layout["executor"] == "vLLM-Omni" and "cancellation" in layout["why"], layout
-        assert layout["priorities"] is False
+    layout = _layout(servers["wan-dmd2-tuned"])
+    assert layout["executor"] == "vLLM-Omni" and "cancellation" in layout["why"], layout
+    assert layout["priorities"] is False
+    layout = _layout(servers["qwen-dmd2-tuned"])  # not cancellable: one request per data-parallel group
+    assert layout["executor"] == "TunedExecutor" and "one request per data-parallel group" in layout["why"], layout
     assert _layout(servers["wan-dmd2-stock"])["executor"] == "vLLM-Omni"
 
 

@@ -81,6 +81,7 @@ def test_decision_agrees_with_vllm_omni(key: str, facts: dict[str, PipelineFacts
     assert (d.path == "unavailable") == (not f.loaded), d
     assert d.cfg_rule == (family.cfg_rule if tuned else "pipeline")  # type: ignore[union-attr]
     assert d.family == (family.name if family else None)
+    assert d.executor_dp2 == executor_path(f, family, dp=2)[0]
 
     if tuned:
         assert {executor_path(f, family, dp=dp)[0] for dp in (1, 2, 4)} == {"tuned"}
@@ -209,7 +210,7 @@ def test_matrix(facts: dict[str, PipelineFacts]) -> None:
     assert all(k in text for k in KEYS) and matrix.counts_line(rows) in text
     table = matrix.markdown_table(rows)
     assert len(table.splitlines()) == 2 + len(KEYS)
-    assert all(line.count(" | ") == len(matrix.COLUMNS) for line in table.splitlines()[2:])  # 13 cells each
+    assert all(line.count(" | ") == len(matrix.COLUMNS) for line in table.splitlines()[2:])  # one cell per column, then the reason
 
 
 def test_docs_page_is_current(facts: dict[str, PipelineFacts]) -> None:

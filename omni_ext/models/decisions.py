@@ -70,6 +70,9 @@ class Decision:
     family: str | None = None
     tiny_model: str | None = None
     served_as: str = ""
+    #: What the TunedExecutor does with it at data_parallel_size 2 (:func:`executor_path`): ``tuned``,
+    #: ``whole-group`` (vLLM-Omni's pipeline, one request per group) or ``stock`` (vLLM-Omni's executor).
+    executor_dp2: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,7 +130,7 @@ def decide(facts: _Facts, family: ModelFamily | None, tiny_model: str | None = N
         cfg_rule=family.cfg_rule if tuned and family is not None else "pipeline",
         cfg_parallel=facts.cfg_parallel, sequence_parallel=facts.sequence_parallel, batching=facts.request_batch,
         cancellation=facts.cancellable, family=family.name if family is not None else None, tiny_model=tiny_model,
-        served_as=facts.served_as or facts.key,
+        served_as=facts.served_as or facts.key, executor_dp2=executor_path(facts, family, dp=2)[0],
     )
 
 

@@ -22,7 +22,8 @@ PATHS: tuple[str, ...] = ("tuned", "passthrough", "unavailable")
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("pipeline class", "key"), ("task", "task"), ("path", "path"), ("routes", "routes"), ("inputs", "inputs"),
     ("cfg rule", "cfg_rule"), ("cfg parallel", "cfg_parallel"), ("SP", "sequence_parallel"),
-    ("batching", "batching"), ("cancellation", "cancellation"), ("family", "family"), ("tiny model", "tiny_model"),
+    ("batching", "batching"), ("cancellation", "cancellation"), ("TunedExecutor at dp 2", "executor_dp2"),
+    ("family", "family"), ("tiny model", "tiny_model"),
 )
 
 REGENERATE = "omni-ext models --markdown > docs/models.md"
@@ -111,10 +112,13 @@ def markdown_page(rows: Sequence[Decision], vllm_omni: str | None = None) -> str
         "(vLLM-Omni's own pipeline and behaviour, behind omni-ext's routes, queue and scheduler) or "
         "`unavailable` (vLLM-Omni cannot import the class on the host that generated this page). "
         "**routes**: omni-ext's routes that serve it (an audio model has none: vLLM-Omni's own routes serve it). "
-        "**inputs**: the reference inputs its requests carry. **cfg rule**: how a request's guidance decides "
+        "**inputs**: the reference inputs the class declares to vLLM-Omni. **cfg rule**: how a request's guidance decides "
         "whether it runs two branches (`pipeline`: the pipeline's own forward decides). **cfg parallel**, "
         "**SP** (sequence parallel), **batching** (several requests in one forward) and **cancellation** "
-        "(a running request stops at its next step) are what vLLM-Omni's class declares. **tiny model**: the "
+        "(a running request stops at its next step) are what vLLM-Omni's class declares. **TunedExecutor at "
+        "dp 2**: what `--distributed-executor-backend omni_ext.executor.TunedExecutor` with two data-parallel "
+        "groups does with it: `tuned`, `whole-group` (vLLM-Omni's pipeline, one request per group) or `stock` "
+        "(handed to vLLM-Omni's own executor; with one group every untuned class is). **tiny model**: the "
         "tiny random-weight model (`omni-ext make-tiny-model`) the test suite serves it with.\n"
     )
     return f"{intro}\n{markdown_table(rows)}\n\n{counts_line(rows)}.\n"

@@ -39,8 +39,8 @@ class PipelineFacts:
     capabilities then read False, and omni-ext's decisions fall back to vLLM-Omni's own path.
     ``step_cancellation``: the class opts into vLLM-Omni's cooperative cancellation itself;
     ``omni_ext_cancellation``: it derives from a class omni-ext opts in
-    (:func:`omni_ext.models.families.cancellable_classes`, the ``cancel-at-step`` patch), so it
-    cancels on a server with omni-ext installed.
+    (:func:`omni_ext.models.families.cancellable_classes`, the ``cancel-at-step`` patch, unless the
+    operator switched it off), so it cancels on a server with omni-ext installed.
     """
 
     key: str
@@ -160,8 +160,9 @@ def facts_of(key: str) -> PipelineFacts | None:
     from vllm_omni.diffusion.distributed.cfg_parallel import CFGParallelMixin
 
     from omni_ext.models.families import cancellable_classes
+    from omni_ext.patches import switched_off
 
-    opted = [_load(q) for q in cancellable_classes()]
+    opted = [] if switched_off("cancel-at-step") else [_load(q) for q in cancellable_classes()]
     return PipelineFacts(
         output=get_diffusion_output_type(key),
         cfg_parallel=issubclass(cls, CFGParallelMixin),

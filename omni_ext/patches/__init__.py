@@ -388,6 +388,12 @@ def _disabled(environ: dict[str, str] | None = None) -> set[str]:
     return {x.strip() for x in raw.split(",") if x.strip()}
 
 
+def switched_off(name: str, environ: dict[str, str] | None = None) -> bool:
+    """Whether the operator switched patch ``name`` off (``OMNI_EXT_DISABLE_PATCHES``: ``name`` or ``all``)."""
+    off = _disabled(environ)
+    return name in off or "all" in off
+
+
 def resolve(qualname: str) -> Any:
     """The object named ``module:Qualified.name`` (imports the module)."""
     module, _, qual = qualname.partition(":")
