@@ -4,6 +4,7 @@ settings, request limits against the OpenAPI schemas, the video backend resolved
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -396,3 +397,116 @@ def test_a_reference_image_over_the_pixel_bound_is_refused_from_its_header(tmp_p
     with pytest.raises(APIError) as err:
         build_video_request(Body({"prompt": "x"}, {"input_reference": ("a.png", "image/png", bomb)}), state, {})
     assert err.value.code == "invalid_image"
+
+
+def test_an_sdk_edit_mask_reaches_vllm_omnis_edit_route_as_mask_image() -> None:
+    """The OpenAI SDK sends ``mask``; vLLM-Omni's /v1/images/edits reads ``mask_image`` (and drops ``mask``).
+    The edits dispatch renames the part header only, and Starlette's own parser then sees ``mask_image``
+    with the same bytes."""
+    import asyncio
+
+    import requests as rq
+    from starlette.requests import Request
+
+    from omni_ext.api.routes import multipart_boundary, rename_form_field, replay, with_length
+
+    mask_bytes = b'\x89PNG fake; name="mask" inside the file stays'
+    prepared = rq.Request("POST", "http://x/v1/images/edits", data={"prompt": "p", "model": "m"},
+                          files={"image": ("a.png", b"img", "image/png"), "mask": ("m.png", mask_bytes, "image/png")}).prepare()
+    scope = {"type": "http", "method": "POST", "path": "/v1/images/edits", "query_string": b"",
+             "headers": [(b"content-type", prepared.headers["Content-Type"].encode()),
+                         (b"content-length", str(len(prepared.body)).encode())]}
+    boundary = multipart_boundary(scope)
+    assert boundary and boundary.decode() in prepared.headers["Content-Type"]
+    body = rename_form_field(prepared.body, boundary, "mask", "mask_image")
+    assert rename_form_field(body, boundary, "mask", "mask_image") == body  # already renamed: unchanged
+
+    async def parse() -> dict:
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        form = await Request(with_length(scope, len(body)), replay(body, receive)).form()
+        return {k: (await v.read() if hasattr(v, "read") else v) for k, v in form.multi_items()}
+
+    fields = asyncio.run(parse())
+    assert fields == {"prompt": "p", "model": "m", "image": b"img", "mask_image": mask_bytes}
+    assert multipart_boundary({"headers": [(b"content-type", b"application/json")]}) is None
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def _png_bytes(side: int = 16) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), (10, 200, 30)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _mp4_bytes() -> bytes:
+    import imageio.v3 as iio
+    import numpy as np
+
+    return iio.imwrite("<bytes>", np.zeros((5, 32, 32, 3), dtype=np.uint8), extension=".mp4", fps=8)
+
+
+def _wav_bytes() -> bytes:
+    import io
+    import wave
+
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000), w.writeframes(b"\0\0" * 800)
+    return buf.getvalue()
+
+
+def test_json_references_reach_vllm_omnis_generation_call(tmp_path: Path) -> None:
+    """``image_reference``, ``video_reference`` and ``audio_reference`` (JSON, as LiteLLM's hosted_vllm
+    provider sends them) are decoded by vLLM-Omni's own decoders and reach its generation call as the
+    reference image, video and audio, where they used to be accepted and dropped; the temporary files of
+    the video and audio are gone once the generation ends, and one that does not decode is a 400."""
+    import asyncio
+    import os
+
+    from omni_ext.api import videos
+    from omni_ext.api.intake import with_image_references
+
+    seen: dict = {}
+
+    class Handler:
+        stage_configs = None
+
+        async def _run_and_extract(self, request, request_id, **kw):
+            seen.update(kw, files=[p for p in (*kw["reference_video"].cleanup_paths, *kw["reference_audio"].cleanup_paths)
+                                   if os.path.exists(p)])
+            return "artifacts"
+
+    class Admitted:
+        def started(self) -> None:
+            pass
+
+    state = api_state(tmp_path / "i2v", ModelLimits("WanImageToVideoPipeline", 16, 1, True, image_input=True))
+    body = Body({"prompt": "x", "image_reference": {"image_url": _data_url("image/png", _png_bytes())},
+                 "video_reference": {"video_url": _data_url("video/mp4", _mp4_bytes())},
+                 "audio_reference": {"audio_url": _data_url("audio/wav", _wav_bytes())}}, {})
+    spec = asyncio.run(with_image_references(build_video_request(body, state, {}), state))
+    assert spec.reference.size == (16, 16) and spec.request.image_reference is None
+    assert asyncio.run(videos.generate(Handler(), spec, "r1", Admitted())) == "artifacts"
+    assert seen["reference_image"].data.size == (16, 16)
+    video, audio = seen["reference_video"], seen["reference_audio"]
+    assert video is not None and audio is not None and len(seen["files"]) >= 1, seen
+    assert not any(os.path.exists(p) for p in (*video.cleanup_paths, *audio.cleanup_paths))  # removed afterwards
+    # a text-only model refuses an image reference; a video reference that is no video is a 400
+    text_only = api_state(tmp_path / "t2v", ModelLimits("WanPipeline", 16, 1, True))
+    with pytest.raises(APIError) as err:
+        asyncio.run(with_image_references(build_video_request(body, text_only, {}), text_only))
+    assert (err.value.code, err.value.param) == ("unsupported_parameter", "image_reference")
+    bad = build_video_request(Body({"prompt": "x", "video_reference": {"video_url": "data:video/mp4;base64,AAAA"}}, {}),
+                              text_only, {})
+    with pytest.raises(APIError) as err:
+        asyncio.run(videos.generate(Handler(), bad, "r2", Admitted()))
+    assert err.value.status == 400 and err.value.code == "invalid_reference"

@@ -32,7 +32,7 @@ import json
 import math
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
@@ -524,8 +524,44 @@ async def read_video_request(request: Request, state: Served, defaults: dict[str
     body = await parse_body(request, state.settings.max_upload_bytes)
     if "input_reference" in body.files or body.fields.get("input_reference") is not None:
         # a reference image is decoded here: off the event loop, which keeps serving meanwhile
-        return await media.off_loop(build_video_request, body, state, defaults)
-    return build_video_request(body, state, defaults)
+        spec = await media.off_loop(build_video_request, body, state, defaults)
+    else:
+        spec = build_video_request(body, state, defaults)
+    return await with_image_references(spec, state)
+
+
+def reference_items(value: Any) -> list[Any]:
+    """A request's ``image_reference`` / ``video_reference`` / ``audio_reference``: one item or a list."""
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+async def with_image_references(spec: JobSpec, state: Served) -> JobSpec:
+    """``spec`` with its JSON ``image_reference`` items (``{"image_url": ...}``, as LiteLLM's ``hosted_vllm``
+    provider sends them) decoded by vLLM-Omni's own decoder, beside an ``input_reference`` image. Video and
+    audio references stay in the request and are decoded when the job runs
+    (:func:`omni_ext.api.videos.generate`), which removes their temporary files however the job ends."""
+    items = reference_items(getattr(spec.request, "image_reference", None))
+    if not items:
+        return spec
+    if not state.limits.image_input:
+        raise bad_request(f"The served model ({state.limits.pipeline}) generates from text only and cannot use "
+                          "image_reference.", "image_reference", "unsupported_parameter")
+    from PIL import Image
+
+    from vllm_omni.entrypoints.openai.errors import InvalidInputReferenceError
+    from vllm_omni.entrypoints.openai.video_api_utils import decode_input_reference
+
+    images = [] if spec.reference is None else [spec.reference]
+    for item in items:
+        try:
+            image = await decode_input_reference(item, None, None)
+        except (InvalidInputReferenceError, ValueError) as exc:
+            raise bad_request(str(exc) or "Invalid image_reference.", "image_reference", "invalid_image") from None
+        if not isinstance(image, Image.Image):
+            raise bad_request("image_reference did not decode to an image.", "image_reference", "invalid_image")
+        images.append(image.convert("RGB"))
+    spec.request.image_reference = None  # carried as the reference image(s) from here on
+    return replace(spec, reference=images[0] if len(images) == 1 else images)
 
 
 # ---- images -------------------------------------------------------------------------------------

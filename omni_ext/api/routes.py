@@ -8,6 +8,7 @@ so the behaviour does not depend on what vLLM or vLLM-Omni register on the app.
 from __future__ import annotations
 
 import logging
+import re
 from http import HTTPStatus
 from typing import Any, Callable
 
@@ -97,8 +98,84 @@ class EditsDispatch:
             await err.response()(scope, receive, send)
             return
         if state.limits.image_input and self.stock_app is not None:  # the class takes a reference image
-            await self.stock_app(scope, receive, send)
+            boundary = multipart_boundary(scope)
+            if boundary is None:
+                await self.stock_app(scope, receive, send)
+                return
+            body = await read_body(receive, state.settings.max_upload_bytes)
+            if body is None:
+                err = APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "The request body is larger than this server's "
+                               f"upload limit ({state.settings.max_upload_bytes} bytes).", code="request_too_large")
+                await err.response()(scope, receive, send)
+                return
+            body = rename_form_field(body, boundary, "mask", "mask_image")
+            await self.stock_app(with_length(scope, len(body)), replay(body, receive), send)
             return
         err = APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline or 'unknown'}) does not "
                        "support image edits; use /v1/images/generations.", param="image", code="unsupported_model")
         await err.response()(scope, receive, send)
+
+
+# ---- the OpenAI SDK's edit fields, as vLLM-Omni's edit route reads them ----------------------------
+def multipart_boundary(scope: Any) -> bytes | None:
+    """The multipart boundary of a request's ``content-type``, or None for any other body."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type" and value.lower().startswith(b"multipart/form-data"):
+            match = re.search(rb'boundary="?([^";]+)"?', value)
+            return match.group(1) if match else None
+    return None
+
+
+async def read_body(receive: Any, limit: int) -> bytes | None:
+    """The whole request body (None once it passes ``limit`` bytes)."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def rename_form_field(body: bytes, boundary: bytes, old: str, new: str) -> bytes:
+    """``body`` (multipart) with its form field ``old`` renamed ``new``: the OpenAI SDK sends an edit's mask
+    as ``mask``, vLLM-Omni's edit route reads ``mask_image`` (and silently drops ``mask``). Only part
+    headers are touched; a body that already has ``new`` is left as it is."""
+    delim = b"--" + boundary
+    parts = body.split(delim)
+    pattern = rb'(?i)(content-disposition:[^\r\n]*;\s*name=)"%s"'
+    if any(re.search(pattern % re.escape(new.encode()), p.partition(b"\r\n\r\n")[0]) for p in parts[1:]):
+        return body
+    out = [parts[0]]
+    for part in parts[1:]:
+        head, sep, rest = part.partition(b"\r\n\r\n")
+        if sep:
+            head = re.sub(pattern % re.escape(old.encode()), rb'\1"' + new.encode() + b'"', head)
+        out.append(head + sep + rest)
+    return delim.join(out)
+
+
+def with_length(scope: Any, length: int) -> Any:
+    """``scope`` with its ``content-length`` header set to ``length``."""
+    headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-length"]
+    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
+
+
+def replay(body: bytes, receive: Callable[[], Any]) -> Callable[[], Any]:
+    """An ASGI ``receive`` that gives ``body`` in one message, then the client's own messages (its
+    disconnect)."""
+    sent = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -12,6 +12,7 @@ MP4/thumbnail encoding off the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
-from omni_ext.api.intake import ID_RE, bounded_int, read_video_request
+from omni_ext.api.intake import ID_RE, bounded_int, read_video_request, reference_items
 from omni_ext.api.jobs import Job, JobSpec
 from omni_ext.api.limits import MAX_PAGE
 from omni_ext.api.queue import Admitted, QueueView
@@ -42,14 +43,68 @@ POLL_MIN_MS, POLL_MAX_MS = 100, 5000
 # ---- generation -------------------------------------------------------------------------------
 async def generate(handler: Any, spec: JobSpec, request_id: str, admitted: Admitted) -> Any:
     """vLLM-Omni's generation (its artifacts), reporting its start through ``admitted`` (vLLM-Omni's
-    ``on_started``); the engine slot is free once this returns."""
+    ``on_started``); the engine slot is free once this returns. The request's reference image(s) are
+    decoded already; its ``video_reference`` and ``audio_reference`` are decoded here, by vLLM-Omni's own
+    decoders as its route does, and their temporary files removed when the generation ends."""
     from vllm_omni.entrypoints.openai.serving_video import ReferenceImage
+    from vllm_omni.entrypoints.openai.video.generation.helpers import _cleanup_video_references
 
     async def on_started() -> None:
         admitted.started()
 
     reference = ReferenceImage(data=spec.reference) if spec.reference is not None else None
-    return await handler._run_and_extract(spec.request, request_id, reference_image=reference, on_started=on_started)
+    video = audio = None
+    try:
+        video, audio = await media_references(handler, spec.request)
+        return await handler._run_and_extract(spec.request, request_id, reference_image=reference,
+                                              reference_video=video, reference_audio=audio, on_started=on_started)
+    finally:
+        _cleanup_video_references(video, audio)
+
+
+async def media_references(handler: Any, vreq: Any) -> tuple[Any, Any]:
+    """The request's ``video_reference`` and ``audio_reference`` items as vLLM-Omni's ``ReferenceVideo`` and
+    ``ReferenceAudio`` (None where it has none), decoded as vLLM-Omni's ``/v1/videos`` decodes them: videos
+    to at most the frames the pipeline keeps (its decode spec), audio URLs to temporary files. A reference
+    that does not decode is a 400 ``invalid_reference``."""
+    from vllm_omni.entrypoints.openai.serving_video import ReferenceAudio, ReferenceVideo
+    from vllm_omni.entrypoints.openai.video.generation.helpers import _reference_video_decode_spec
+    from vllm_omni.entrypoints.openai.errors import InvalidInputReferenceError
+    from vllm_omni.entrypoints.openai.video_api_utils import VideoFrames, decode_audio_url, decode_input_reference
+
+    videos = reference_items(getattr(vreq, "video_reference", None))
+    audios = reference_items(getattr(vreq, "audio_reference", None))
+    if not videos and not audios:
+        return None, None
+    paths: list[str] = []
+    frames: list[Any] | None = None
+    audio_paths: list[str] = []
+    try:
+        if videos:
+            decode = _reference_video_decode_spec(vreq, getattr(handler, "stage_configs", None))
+            for item in videos:
+                data = await decode_input_reference(None, item, None, max_video_frames=decode.max_frames,
+                                                    video_keep=decode.keep)
+                if not isinstance(data, VideoFrames):
+                    raise InvalidInputReferenceError("video_reference did not decode to a video")
+                if data.source_path is not None:
+                    paths.append(data.source_path)
+                elif len(videos) == 1:
+                    frames = list(data)
+                else:
+                    raise InvalidInputReferenceError("multiple video URL references must be downloadable source videos")
+        for item in audios:
+            audio_paths.append(await decode_audio_url(item.audio_url))
+    except (InvalidInputReferenceError, ValueError) as exc:
+        for path in (*paths, *audio_paths):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise bad_request(str(exc) or "Invalid reference.", "video_reference" if videos else "audio_reference",
+                          "invalid_reference") from None
+    video = (ReferenceVideo(data=paths, cleanup_paths=tuple(paths)) if paths
+             else ReferenceVideo(data=frames) if frames is not None else None)
+    audio = ReferenceAudio(path=audio_paths, cleanup_paths=tuple(audio_paths)) if audio_paths else None
+    return video, audio
 
 
 async def encode_mp4(handler: Any, vreq: Any, artifacts: Any) -> bytes:

@@ -116,6 +116,15 @@ COUPLINGS: tuple[Coupling, ...] = (
         used_in="omni_ext.api.videos",
         params=("fps", "video_codec_options", "frame_converter", "audio", "audio_sample_rate"),
     ),
+    *_used_together(
+        "A request's video_reference and audio_reference are decoded as vLLM-Omni's /v1/videos route decodes "
+        "them (the frames the pipeline keeps), and their temporary files removed when the generation ends.",
+        "omni_ext.api.videos",
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_reference_video_decode_spec", "function",
+         ("req", "stage_configs")),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_cleanup_video_references", "function",
+         ("reference_video", "reference_audio")),
+    ),
     # ---- /v1/images (omni_ext.api.images) --------------------------------------------------------
     *_used_together(
         "vLLM-Omni's image generation call (stage configs, engine errors) and the extraction of the PIL images "
