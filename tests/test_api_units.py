@@ -510,3 +510,26 @@ def test_json_references_reach_vllm_omnis_generation_call(tmp_path: Path) -> Non
     with pytest.raises(APIError) as err:
         asyncio.run(videos.generate(Handler(), bad, "r2", Admitted()))
     assert err.value.status == 400 and err.value.code == "invalid_reference"
+
+
+def test_image_requests_carry_lora_layers_and_system_prompt_as_vllm_omnis_route_does(tmp_path: Path) -> None:
+    """``lora``, ``layers``, ``system_prompt``, ``use_system_prompt`` and ``bot_task`` reach the sampling
+    params as vLLM-Omni's own single-stage route puts them there (they used to be refused with a 400);
+    malformed ones get a 400 naming them."""
+    from omni_ext.api.intake import build_image_request
+
+    state = api_state(tmp_path / "q", ModelLimits("QwenImagePipeline", 16, 1, False))
+    spec, _ = build_image_request({"prompt": "x", "size": "64x64", "lora": {"name": "style", "path": "/loras/style",
+                                   "scale": 0.5}, "layers": 4, "system_prompt": "be brief", "use_system_prompt": True,
+                                   "bot_task": "image"}, state)
+    prompt, params = spec.request
+    assert (params.lora_request.lora_name, params.lora_request.lora_path, params.lora_scale) == ("style", "/loras/style", 0.5)
+    assert params.layers == 4
+    assert {k: params.extra_args[k] for k in ("system_prompt", "use_system_prompt", "bot_task")} == {
+        "system_prompt": "be brief", "use_system_prompt": True, "bot_task": "image"}
+    assert prompt["mm_processor_kwargs"] == {"target_h": 64, "target_w": 64}
+    for field, value in (("lora", {"name": "x"}), ("lora", "style"), ("layers", 0), ("layers", "4"),
+                         ("system_prompt", 3), ("use_system_prompt", "yes")):
+        with pytest.raises(APIError) as err:
+            build_image_request({"prompt": "x", field: value}, state)
+        assert err.value.param == field and err.value.status == 400, (field, value)

@@ -570,7 +570,8 @@ _IMAGE_FIELDS = {
     "background", "moderation", "user", "stream", "partial_images",
     # vLLM-Omni extensions
     "negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "generator_device",
-    "extra_params", "flow_shift", "priority", "deadline_s",
+    "extra_params", "flow_shift", "priority", "deadline_s", "lora", "layers", "system_prompt", "use_system_prompt",
+    "bot_task",
 }
 
 
@@ -599,9 +600,13 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     out_fmt = fields.get("output_format") or "png"
     if not isinstance(out_fmt, str) or out_fmt not in media.IMAGE_TYPES:
         raise bad_request("'output_format' must be 'png', 'jpeg' or 'webp'.", "output_format")
-    for name in ("negative_prompt", "generator_device"):
+    for name in ("negative_prompt", "generator_device", "system_prompt", "bot_task"):
         if fields.get(name) is not None and not isinstance(fields[name], str):
             raise bad_request(f"'{name}' must be a string.", name)
+    if fields.get("use_system_prompt") is not None and not isinstance(fields["use_system_prompt"], bool):
+        raise bad_request("'use_system_prompt' must be a boolean.", "use_system_prompt")
+    lora_request, lora_scale = _lora(fields.get("lora"))
+    layers = _layers(fields.get("layers"))
     width = height = None
     if fields.get("size") not in (None, "auto"):
         width, height = parse_size(fields["size"])
@@ -625,6 +630,9 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
         engine_prompt["negative_prompt"] = negative_prompt
     params = OmniDiffusionSamplingParams(num_outputs_per_prompt=n)
     extra = with_priority(extra_params, priority, deadline_s) or {}
+    for name in ("use_system_prompt", "system_prompt", "bot_task"):  # as vLLM-Omni's own route carries them
+        if fields.get(name) is not None:
+            extra[name] = fields[name]
     if flow_shift is not None:
         extra["flow_shift"] = flow_shift
     if extra:
@@ -632,8 +640,11 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     if width is not None:
         params.width, params.height = width, height
         engine_prompt["height"], engine_prompt["width"] = height, width
+        # an AR stage's target grid (GLM-Image) follows the requested size, as on vLLM-Omni's route
+        engine_prompt["mm_processor_kwargs"] = {"target_h": height, "target_w": width}
     for name, value in (("num_inference_steps", steps), ("guidance_scale", guidance_scale),
-                        ("true_cfg_scale", true_cfg_scale), ("generator_device", fields.get("generator_device"))):
+                        ("true_cfg_scale", true_cfg_scale), ("generator_device", fields.get("generator_device")),
+                        ("lora_request", lora_request), ("lora_scale", lora_scale), ("layers", layers)):
         if value is not None:
             setattr(params, name, value)
     params.seed = seed if seed is not None else random.randint(0, MAX_SEED)
@@ -642,6 +653,32 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     spec = JobSpec(request=(engine_prompt, params), prompt=prompt, shape=shape, priority=priority,
                    deadline_s=deadline_s, width=width, height=height, steps=steps, n=n)
     return spec, reply
+
+
+def _lora(value: Any) -> tuple[Any, float | None]:
+    """A request-level LoRA object (``{"name", "path", "scale"}``) as vLLM-Omni's own parser reads it."""
+    if value is None:
+        return None, None
+    from vllm_omni.entrypoints.openai.utils import parse_lora_request
+
+    try:
+        return parse_lora_request(value)
+    except (ValueError, TypeError) as exc:
+        raise bad_request(str(exc) or "Invalid lora object.", "lora") from None
+
+
+def _layers(value: Any) -> int | None:
+    """Qwen-Image-Layered's ``layers``, within vLLM-Omni's own range."""
+    if value is None:
+        return None
+    from vllm_omni.entrypoints.openai.image_api_utils import validate_layered_layers
+
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request("'layers' must be an integer.", "layers")
+    try:
+        return validate_layered_layers(value)
+    except ValueError as exc:
+        raise bad_request(str(exc), "layers") from None
 
 
 def _check_json(request: Request) -> None:

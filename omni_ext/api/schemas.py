@@ -100,6 +100,9 @@ IMAGE_GENERATE: dict[str, Any] = {
         "priority": _PRIORITY,
         "deadline_s": _DEADLINE,
         "extra_params": {"type": "object"},
+        "system_prompt": {"type": "string"},
+        "use_system_prompt": {"type": "boolean"},
+        "bot_task": {"type": "string"},
     },
 }
 
