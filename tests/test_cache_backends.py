@@ -45,6 +45,8 @@ def test_cache_dit_on_a_wan_cfg_pair_is_byte_identical_to_vllm_omnis_executor(ow
     stock, tuned = own["stock"], own["tuned"]
     for server in (stock, tuned):
         assert "Cache-dit enabled successfully on" in server.log_text(), server.log_tail()
+        # the tuned pipeline gets cache-dit's Wan2.2 set-up, as vLLM-Omni's own class does
+        assert "Using custom cache-dit enabler for model: Wan22Pipeline" in server.log_text(), server.log_tail()
     a = video_sync(stock, size="32x32", num_frames=5, num_inference_steps=STEPS, seed=5)
     b = video_sync(tuned, size="32x32", num_frames=5, num_inference_steps=STEPS, seed=5)
     assert a.status_code == b.status_code == 200, (a.text[:300], b.text[:300])

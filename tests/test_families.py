@@ -107,3 +107,16 @@ def test_tiny_models_resolve_to_their_family(tmp_path) -> None:
     for model, family in expected.items():
         index = json.loads((build_tiny_model(model, tmp_path / model) / "model_index.json").read_text())
         assert family_of(index["_class_name"]).name == family  # type: ignore[union-attr]
+
+
+def test_tuned_classes_answer_name_lookups_as_their_vllm_omni_class() -> None:
+    """Cache backends choose a model's set-up by ``type(pipeline).__name__`` (cache-dit: Wan22Pipeline ->
+    its Wan2.2 enabler); a tuned pipeline gets the set-up of the class it derives from."""
+    from vllm_omni.diffusion.cache.cachedit.model_specific import CUSTOM_DIT_ENABLERS, register_custom_dit_enablers
+
+    from omni_ext.executor.pipelines import TunedQwenImagePipeline, TunedWan22Pipeline
+
+    register_custom_dit_enablers()
+    assert TunedWan22Pipeline.__name__ == "Wan22Pipeline" and TunedWan22Pipeline.__qualname__ == "TunedWan22Pipeline"
+    assert CUSTOM_DIT_ENABLERS[TunedWan22Pipeline.__name__].__name__ == "enable_cache_for_wan22"
+    assert TunedQwenImagePipeline.__name__ == "QwenImagePipeline"

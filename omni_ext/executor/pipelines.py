@@ -226,6 +226,14 @@ class TunedQwenImagePipeline(_TunedCfgMixin, QwenImagePipeline):
         return super()._decode_latents(latents, height, width, output_type)
 
 
+# vLLM-Omni's cache backends (cache-dit's model-specific enablers, the step cache, SeaCache) pick a model's
+# set-up by ``type(pipeline).__name__``. A tuned subclass answers with its vLLM-Omni class's name, so that it
+# gets the same set-up as that class (cache-dit's Wan2.2 enabler, not the generic one); its qualified name
+# (repr, tracebacks) stays its own.
+TunedWan22Pipeline.__name__ = Wan22Pipeline.__name__
+TunedQwenImagePipeline.__name__ = QwenImagePipeline.__name__
+
+
 def register_tuned_pipelines() -> list[str]:
     """Point vLLM-Omni's registry at the tuned classes (call only in tuned worker processes).
 

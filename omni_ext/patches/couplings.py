@@ -218,6 +218,18 @@ COUPLINGS: tuple[Coupling, ...] = (
         ("vllm_omni.diffusion.model_metadata:get_diffusion_model_metadata", "function"),
         ("vllm_omni.diffusion.distributed.cfg_parallel:CFGParallelMixin", "function"),
     ),
+    Coupling(
+        name="vllm_omni.diffusion.cache.cachedit.backend:CacheDiTBackend.enable",
+        kind="call",
+        why=(
+            "cache-dit picks a model's set-up by the pipeline's class name; the tuned pipelines take their "
+            "vLLM-Omni class's __name__ (omni_ext.executor.pipelines) so they get the same Wan2.2 enabler. If the "
+            "lookup changes, the tuned Wan silently falls back to cache-dit's generic adapter."
+        ),
+        used_in="omni_ext.executor.pipelines",
+        value="type(pipeline).__name__",
+        token="__name__",
+    ),
     # ---- TunedExecutor (omni_ext.executor.tuned) -------------------------------------------------
     Coupling(
         name="vllm_omni.diffusion.executor.abstract:DiffusionExecutor._init_executor",
