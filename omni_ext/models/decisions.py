@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from omni_ext.models.families import ModelFamily, family_of
+from omni_ext.models.registry import PipelineFacts
 
 Path = Literal["tuned", "passthrough", "unavailable"]
 ExecutorPath = Literal["tuned", "whole-group", "stock"]
@@ -24,24 +25,6 @@ ExecutorPath = Literal["tuned", "whole-group", "stock"]
 VIDEO_ROUTES = ("/v1/videos", "/v1/videos/sync")
 IMAGE_ROUTES = ("/v1/images/generations",)
 EDIT_ROUTES = ("/v1/images/edits",)
-
-
-class _Facts:
-    """The fields of :class:`~omni_ext.models.registry.PipelineFacts` these rules read (documentation)."""
-
-    key: str
-    served_as: str
-    output: str
-    loaded: bool
-    load_error: str
-    cfg_parallel: bool
-    request_batch: bool
-    cancellable: bool
-    sequence_parallel: bool
-    image_input: bool
-    audio_input: bool
-    control_uploads: tuple[str, ...]
-    latent_mask_editing: bool
 
 
 @dataclass(frozen=True)
@@ -78,12 +61,12 @@ class Decision:
         return asdict(self)
 
 
-def family_for(facts: _Facts) -> ModelFamily | None:
+def family_for(facts: PipelineFacts) -> ModelFamily | None:
     """The family-table entry of the key vLLM-Omni's engine runs the class as (``facts.served_as``)."""
     return family_of(facts.served_as or facts.key)
 
 
-def inputs_of(facts: _Facts) -> tuple[str, ...]:
+def inputs_of(facts: PipelineFacts) -> tuple[str, ...]:
     """The reference inputs the class declares to vLLM-Omni (its metadata and class flags). vLLM-Omni's
     video route accepts image, video and audio references for any class and lets the pipeline use them;
     these are the ones the class says it takes."""
@@ -101,7 +84,7 @@ def inputs_of(facts: _Facts) -> tuple[str, ...]:
     return tuple(out)
 
 
-def routes_of(facts: _Facts) -> tuple[str, ...]:
+def routes_of(facts: PipelineFacts) -> tuple[str, ...]:
     """omni-ext's routes for the class, by vLLM-Omni's own output type."""
     if facts.output == "video":
         return VIDEO_ROUTES
@@ -110,7 +93,7 @@ def routes_of(facts: _Facts) -> tuple[str, ...]:
     return ()
 
 
-def decide(facts: _Facts, family: ModelFamily | None, tiny_model: str | None = None) -> Decision:
+def decide(facts: PipelineFacts, family: ModelFamily | None, tiny_model: str | None = None) -> Decision:
     """The :class:`Decision` for one class (``family``: the family-table entry of the key the engine
     runs it as, :func:`family_for`; or None)."""
     if not facts.loaded:
@@ -134,7 +117,7 @@ def decide(facts: _Facts, family: ModelFamily | None, tiny_model: str | None = N
     )
 
 
-def executor_path(facts: _Facts | None, family: ModelFamily | None, *, dp: int, max_num_seqs: int = 1) -> tuple[ExecutorPath, str]:
+def executor_path(facts: PipelineFacts | None, family: ModelFamily | None, *, dp: int, max_num_seqs: int = 1) -> tuple[ExecutorPath, str]:
     """How ``--distributed-executor-backend omni_ext.executor.TunedExecutor`` runs a model, and why.
 
     - ``tuned``: omni-ext's tuned pipeline (CFG split, single-rank jobs, preemption, data parallel).
