@@ -238,6 +238,7 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
     settings = load_settings(args)
     name, path = _served_model(app_state, args)
     limits = limits_for_model(path, served_class(app_state))
+    limits_for_model(path)  # the request-validation patch's look-up, read now rather than on the first request
     queue = request_queue(app_state, args, limits, name, settings.max_queued, dispatch)
     settings.media_dir.mkdir(parents=True, exist_ok=True)
     store = JobStore(settings.db_path)
