@@ -170,7 +170,8 @@ def test_page_files_csp_redirect_and_the_info_route(server_pool) -> None:
     assert info["native"] == {"width": 832, "height": 480, "num_frames": 81, "fps": 16, "steps": 50}
     assert info["sizes"] == size_choices(832, 480, lim.spatial_multiple)
     assert info["layout"] == {"executor": "vLLM-Omni", "cfg_parallel_size": 1, "data_parallel_size": 1, "replicas": 1,
-                              "cfg_mode": "adaptive", "priorities": False, "max_wait_s": 300.0}
+                              "cfg_mode": "adaptive", "priorities": False, "max_wait_s": 300.0,
+                              "why": "vLLM-Omni's own executor (--distributed-executor-backend)"}
     assert set(info["queue"]) == {"running", "queued", "slots", "predicted_wait_s"} and info["queue"]["slots"] == 1
     assert info["guidance"]["field"] == "guidance_scale"
 
