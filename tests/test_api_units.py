@@ -533,3 +533,29 @@ def test_image_requests_carry_lora_layers_and_system_prompt_as_vllm_omnis_route_
         with pytest.raises(APIError) as err:
             build_image_request({"prompt": "x", field: value}, state)
         assert err.value.param == field and err.value.status == 400, (field, value)
+
+
+def test_prompts_are_bounded_before_any_work(tmp_path: Path) -> None:
+    """A prompt, negative prompt or system prompt over MAX_PROMPT_CHARS is a 400 naming the field, on videos
+    and images alike, before a job exists; the schemas say the same bound."""
+    from omni_ext.api import schemas
+    from omni_ext.api.intake import build_image_request
+    from omni_ext.api.limits import MAX_PROMPT_CHARS
+
+    video = api_state(tmp_path / "v", ModelLimits("WanPipeline", 16, 1, True))
+    image = api_state(tmp_path / "i", ModelLimits("QwenImagePipeline", 16, 1, False))
+    long = "x" * (MAX_PROMPT_CHARS + 1)
+    for field in ("prompt", "negative_prompt"):
+        body = {"prompt": "ok", field: long}
+        with pytest.raises(APIError) as err:
+            build_video_request(Body(body), video, {})
+        assert (err.value.param, err.value.code) == (field, "string_above_max_length")
+        with pytest.raises(APIError) as err:
+            build_image_request(body, image)
+        assert err.value.param == field
+        assert schemas.VIDEO_CREATE["properties"][field]["maxLength"] == MAX_PROMPT_CHARS
+        assert schemas.IMAGE_GENERATE["properties"][field]["maxLength"] == MAX_PROMPT_CHARS
+    with pytest.raises(APIError) as err:
+        build_image_request({"prompt": "ok", "system_prompt": long}, image)
+    assert err.value.param == "system_prompt"
+    build_video_request(Body({"prompt": "x" * MAX_PROMPT_CHARS}), video, {})  # at the bound: fine

@@ -40,8 +40,8 @@ from omni_ext.api import media
 from omni_ext.api.errors import APIError, bad_request, from_pydantic
 from omni_ext.api.jobs import JobSpec
 from omni_ext.api.limits import (
-    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MAX_STEPS,
-    MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
+    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_PROMPT_CHARS, MAX_SECONDS, MAX_SEED,
+    MAX_STEPS, MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
 )
 from omni_ext.models import families
 from omni_ext.models.families import ModelFamily, job_shape
@@ -253,10 +253,17 @@ def check_known(fields: Iterable[str], accepted: Iterable[str]) -> None:
 
 
 def check_prompt(fields: dict[str, Any]) -> str:
+    """The request's ``prompt``; its text fields (``prompt``, ``negative_prompt``, ``system_prompt``) within
+    :data:`~omni_ext.api.limits.MAX_PROMPT_CHARS` characters."""
     prompt = fields.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise bad_request("'prompt' is required and must be a non-empty string.", "prompt",
                           "missing_required_parameter")
+    for name in ("prompt", "negative_prompt", "system_prompt"):
+        value = fields.get(name)
+        if isinstance(value, str) and len(value) > MAX_PROMPT_CHARS:
+            raise bad_request(f"'{name}' is {len(value)} characters; this server takes at most {MAX_PROMPT_CHARS}.",
+                              name, "string_above_max_length")
     return prompt
 
 

@@ -20,6 +20,10 @@ MAX_STEPS = 1000
 MAX_VIDEO_STEPS = 200
 MAX_VIDEO_GUIDANCE = 20.0
 
+#: Characters of a ``prompt`` (and of a ``negative_prompt`` or ``system_prompt``): generous (the text
+#: encoders read at most 512-1024 tokens) but finite, so that a megabyte prompt is refused before it is
+#: stored with its job and echoed back by every GET and list.
+MAX_PROMPT_CHARS = 20_000
 MAX_FRAMES = 2049
 MAX_OUTPUTS = 10  # images per request (``n``)
 MAX_PIXELS = 7680 * 4320  # width x height

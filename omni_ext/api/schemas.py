@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from omni_ext.api.limits import (
-    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_SECONDS, MAX_SEED, MAX_STEPS,
-    MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
+    MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_PROMPT_CHARS, MAX_SECONDS, MAX_SEED,
+    MAX_STEPS, MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
 )
 
 
@@ -55,14 +55,14 @@ VIDEO_CREATE: dict[str, Any] = {
     "required": ["prompt"],
     "additionalProperties": False,
     "properties": {
-        "prompt": {"type": "string", "minLength": 1},
+        "prompt": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS},
         "model": {"type": "string"},
         "seconds": {"type": "string", "pattern": integer_pattern(MAX_SECONDS),
                     "description": f"Clip length, 1 to {MAX_SECONDS}; mapped to the model's native fps and "
                                    "frame count."},
         "size": _SIZE,
         "input_reference": {"type": "string", "format": "binary"},
-        "negative_prompt": {"type": "string"},
+        "negative_prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
         "num_inference_steps": _integer(MIN_STEPS, MAX_VIDEO_STEPS),
         "guidance_scale": _number(0, MAX_VIDEO_GUIDANCE),
         "guidance_scale_2": _number(0, MAX_VIDEO_GUIDANCE),
@@ -85,14 +85,14 @@ IMAGE_GENERATE: dict[str, Any] = {
     "required": ["prompt"],
     "additionalProperties": False,
     "properties": {
-        "prompt": {"type": "string", "minLength": 1},
+        "prompt": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS},
         "model": {"type": "string"},
         "n": _integer(1, MAX_OUTPUTS),
         "size": {"oneOf": [_SIZE, {"type": "string", "enum": ["auto"]}]},
         "response_format": {"type": "string", "enum": ["b64_json", "url"]},
         "output_format": {"type": "string", "enum": ["png", "jpeg", "webp"]},
         "output_compression": _integer(0, MAX_COMPRESSION),
-        "negative_prompt": {"type": "string"},
+        "negative_prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
         "num_inference_steps": _integer(MIN_STEPS, MAX_STEPS),
         "guidance_scale": _number(0),
         "true_cfg_scale": _number(0),
@@ -100,7 +100,7 @@ IMAGE_GENERATE: dict[str, Any] = {
         "priority": _PRIORITY,
         "deadline_s": _DEADLINE,
         "extra_params": {"type": "object"},
-        "system_prompt": {"type": "string"},
+        "system_prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
         "use_system_prompt": {"type": "boolean"},
         "bot_task": {"type": "string"},
     },

@@ -153,6 +153,7 @@
     if (lim.max_guidance != null) $("guidance").max = lim.max_guidance;
     if (info.guidance.default != null) $("guidance").placeholder = String(info.guidance.default);
     Object.assign($("seed"), { max: lim.max_seed });
+    for (const id of ["prompt", "negative_prompt"]) $(id).maxLength = lim.max_prompt_chars;
     Object.assign($("priority"), { min: lim.min_priority, max: lim.max_priority });
     Object.assign($("n"), { max: lim.max_outputs });
     $("submit").disabled = false;
