@@ -559,3 +559,18 @@ def test_prompts_are_bounded_before_any_work(tmp_path: Path) -> None:
         build_image_request({"prompt": "ok", "system_prompt": long}, image)
     assert err.value.param == "system_prompt"
     build_video_request(Body({"prompt": "x" * MAX_PROMPT_CHARS}), video, {})  # at the bound: fine
+
+
+def test_media_writes_are_fsynced_and_a_killed_writes_temp_file_is_removed_at_start(tmp_path: Path, monkeypatch) -> None:
+    from omni_ext.api import media
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    media.write_atomic(tmp_path / "video_a.mp4", b"mp4")
+    assert (tmp_path / "video_a.mp4").read_bytes() == b"mp4" and len(synced) == 2  # the file, then its directory
+    (tmp_path / ".video_b.mp4.tmp").write_bytes(b"half")  # a process killed mid-write leaves this
+    (tmp_path / "keep.tmp").write_bytes(b"not ours")
+    assert media.remove_orphans(tmp_path) == [".video_b.mp4.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.tmp", "video_a.mp4"]
+    assert media.remove_orphans(tmp_path / "missing") == []

@@ -30,16 +30,42 @@ async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temp file and a rename; a failed write (a full disk)
-    removes its temp file, so it leaves neither a half file nor the space it took."""
+    removes its temp file, so it leaves neither a half file nor the space it took. The file and the
+    rename are on disk (fsynced) before this returns, so a job that reads "completed" keeps its media
+    across a power loss."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
     try:
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         raise
+    with contextlib.suppress(OSError):  # the rename itself (not every file system lets a directory be opened)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+#: What :func:`write_atomic` names its temp files (``.NAME.tmp``).
+TMP_SUFFIX = ".tmp"
+
+
+def remove_orphans(directory: Path) -> list[str]:
+    """Remove the temp files a killed process left in ``directory`` (a write that never reached its rename);
+    returns their names. Called at start-up, before any write of this process."""
+    removed = []
+    for tmp in directory.glob(f".*{TMP_SUFFIX}") if directory.is_dir() else ():
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+            removed.append(tmp.name)
+    return removed
 
 
 def encode_image(img: Any, fmt: str = "png", compression: int | None = None) -> bytes:

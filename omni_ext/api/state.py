@@ -241,6 +241,9 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
     limits_for_model(path)  # the request-validation patch's look-up, read now rather than on the first request
     queue = request_queue(app_state, args, limits, name, settings.max_queued, dispatch)
     settings.media_dir.mkdir(parents=True, exist_ok=True)
+    orphans = media.remove_orphans(settings.media_dir)
+    if orphans:
+        logger.warning("omni-ext: removed %d unfinished media file(s) left by a stopped server", len(orphans))
     store = JobStore(settings.db_path)
     failed = store.fail_interrupted()
     if failed:
