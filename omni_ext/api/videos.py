@@ -56,8 +56,9 @@ async def generate(handler: Any, spec: JobSpec, request_id: str, admitted: Admit
     video = audio = None
     try:
         video, audio = await media_references(handler, spec.request)
+        media_refs = {k: v for k, v in (("reference_video", video), ("reference_audio", audio)) if v is not None}
         return await handler._run_and_extract(spec.request, request_id, reference_image=reference,
-                                              reference_video=video, reference_audio=audio, on_started=on_started)
+                                              on_started=on_started, **media_refs)
     finally:
         _cleanup_video_references(video, audio)
 

@@ -87,7 +87,7 @@ COUPLINGS: tuple[Coupling, ...] = (
             "around it. Without it every POST /v1/videos answers 503 video_unavailable."
         ),
         used_in="omni_ext.api.videos, omni_ext.api.state",
-        params=("reference_image", "on_started"),
+        params=("reference_image", "reference_video", "reference_audio", "on_started"),
     ),
     Coupling(
         name=f"{_SERVING_VIDEO}._resolve_default_sampling_params",
