@@ -408,7 +408,8 @@ def test_an_sdk_edit_mask_reaches_vllm_omnis_edit_route_as_mask_image() -> None:
     import requests as rq
     from starlette.requests import Request
 
-    from omni_ext.api.routes import multipart_boundary, rename_form_field, replay, with_length
+    from omni_ext.api.intake import replay
+    from omni_ext.api.routes import multipart_boundary, rename_form_field, with_length
 
     mask_bytes = b'\x89PNG fake; name="mask" inside the file stays'
     prepared = rq.Request("POST", "http://x/v1/images/edits", data={"prompt": "p", "model": "m"},

@@ -36,7 +36,7 @@ def test_every_pipeline_class_belongs_to_one_family() -> None:
 def test_video_or_image_is_vllm_omnis_own_answer_not_the_class_name(pipeline, video) -> None:
     """VACE, LTX-2, MiniMax-H3, Helios and FastWan's WanDMDPipeline make video by vLLM-Omni's metadata
     although their names hold no "Video"; an unknown name makes what vLLM-Omni says it makes (image)."""
-    from omni_ext.api.validation import output_type
+    from omni_ext.models.registry import output_type
 
     assert (output_type(pipeline) == "video") is video
 

@@ -34,7 +34,7 @@ import random
 import re
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from omni_ext.api import media
 from omni_ext.api.errors import APIError, bad_request, from_pydantic
@@ -81,6 +81,21 @@ async def read_limited(request: Request, limit: int) -> bytes:
             raise _too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def replay(body: bytes, receive: Callable[[], Any]) -> Callable[[], Any]:
+    """An ASGI ``receive`` that gives ``body`` (already read) in one message, then the client's own
+    messages (its disconnect): a body read once, then parsed or passed on."""
+    sent = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
 
 
 def _too_large(limit: int) -> APIError:
@@ -151,11 +166,8 @@ async def parse_body(request: Request, limit: int, *, allow_files: bool = True) 
             code="unsupported_media_type",
         )
 
-    async def replay():
-        return {"type": "http.request", "body": raw, "more_body": False}
-
     try:
-        form = await FormRequest(request.scope, replay).form(max_files=16, max_fields=256)
+        form = await FormRequest(request.scope, replay(raw, request.receive)).form(max_files=16, max_fields=256)
     except Exception as exc:  # starlette raises MultiPartException / HTTPException on malformed bodies
         raise APIError(HTTPStatus.BAD_REQUEST, f"Malformed form body: {getattr(exc, 'detail', exc)}", code="invalid_form") from None
     fields: dict[str, Any] = {}

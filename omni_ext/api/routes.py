@@ -15,10 +15,11 @@ from typing import Any, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 
 from omni_ext.api.disconnect import CLIENT_CLOSED, ClientGone
 from omni_ext.api.errors import APIError
-from omni_ext.api.intake import ID_RE
+from omni_ext.api.intake import ID_RE, read_limited, replay
 
 logger = logging.getLogger("omni_ext.api")
 
@@ -102,11 +103,12 @@ class EditsDispatch:
             if boundary is None:
                 await self.stock_app(scope, receive, send)
                 return
-            body = await read_body(receive, state.settings.max_upload_bytes)
-            if body is None:
-                err = APIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "The request body is larger than this server's "
-                               f"upload limit ({state.settings.max_upload_bytes} bytes).", code="request_too_large")
+            try:
+                body = await read_limited(Request(scope, receive), state.settings.max_upload_bytes)
+            except APIError as err:  # 413, as on every other route
                 await err.response()(scope, receive, send)
+                return
+            except ClientDisconnect:
                 return
             body = rename_form_field(body, boundary, "mask", "mask_image")
             await self.stock_app(with_length(scope, len(body)), replay(body, receive), send)
@@ -124,22 +126,6 @@ def multipart_boundary(scope: Any) -> bytes | None:
             match = re.search(rb'boundary="?([^";]+)"?', value)
             return match.group(1) if match else None
     return None
-
-
-async def read_body(receive: Any, limit: int) -> bytes | None:
-    """The whole request body (None once it passes ``limit`` bytes)."""
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def rename_form_field(body: bytes, boundary: bytes, old: str, new: str) -> bytes:
@@ -164,18 +150,3 @@ def with_length(scope: Any, length: int) -> Any:
     """``scope`` with its ``content-length`` header set to ``length``."""
     headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-length"]
     return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
-
-
-def replay(body: bytes, receive: Callable[[], Any]) -> Callable[[], Any]:
-    """An ASGI ``receive`` that gives ``body`` in one message, then the client's own messages (its
-    disconnect)."""
-    sent = False
-
-    async def replayed() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed

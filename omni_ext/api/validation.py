@@ -43,14 +43,6 @@ def _patch(transformer: dict[str, Any]) -> int:
     return int(p or 1)
 
 
-def output_type(pipeline: str | None) -> str:
-    """vLLM-Omni's own answer to what a pipeline class makes ("video", "image", "audio"), by the rule its
-    stage configs use (model metadata, then the class's audio flag, else "image")."""
-    from vllm_omni.diffusion.io_support import get_diffusion_output_type
-
-    return get_diffusion_output_type(pipeline)
-
-
 @lru_cache(maxsize=16)
 def limits_for_model(model: str, pipeline: str | None = None) -> ModelLimits:
     """The limits of the model at ``model`` (a folder or a hub id). ``pipeline``: the class vLLM-Omni's
@@ -68,7 +60,7 @@ def limits_for_model(model: str, pipeline: str | None = None) -> ModelLimits:
     min_steps = 2 if scheduler.get("shift_terminal") else 1
     facts = registry.facts_of(pipeline) if pipeline else None
     return ModelLimits(pipeline=pipeline, spatial_multiple=multiple, min_steps=min_steps,
-                       is_video=output_type(pipeline) == "video",
+                       is_video=(facts.output if facts else registry.output_type(pipeline)) == "video",
                        image_input=bool(facts and facts.image_input))
 
 

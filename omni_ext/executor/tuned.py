@@ -87,15 +87,20 @@ def _environ(extra: dict[str, str]):
                 os.environ[k] = v
 
 
+def data_parallel_size(od_config: Any) -> int:
+    """The TunedExecutor's data-parallel groups: omni-ext's ``data_parallel_size``, else the stage's own."""
+    pc = getattr(od_config, "parallel_config", None)
+    own = omni_ext_section(getattr(od_config, "additional_config", None)).get("data_parallel_size")
+    return int(own or 0) or int(getattr(pc, "data_parallel_size", 1) or 1)
+
+
 def executor_path(od_config: Any) -> tuple[str, str]:
     """:func:`omni_ext.models.decisions.executor_path` for the model and layout of ``od_config``."""
     from omni_ext.models import decisions, registry
 
-    additional = getattr(od_config, "additional_config", None)
-    pc = getattr(od_config, "parallel_config", None)
-    dp = int(omni_ext_section(additional).get("data_parallel_size") or 0) or int(getattr(pc, "data_parallel_size", 1) or 1)
     arch = getattr(od_config, "model_class_name", None)
-    return decisions.executor_path(registry.facts_of(arch) if arch else None, families.family_of(arch), dp=dp,
+    return decisions.executor_path(registry.facts_of(arch) if arch else None, families.family_of(arch),
+                                   dp=data_parallel_size(od_config),
                                    max_num_seqs=int(getattr(od_config, "max_num_seqs", 1) or 1))
 
 
@@ -144,7 +149,7 @@ class TunedExecutor(DiffusionExecutor):
         # The registered patch dp-world has already made omni-ext's data_parallel_size the stage's
         # own, so vLLM-Omni's start-up counted, split and checked devices for this whole world; the
         # check below is the executor's own (rank r uses local device r), for a start-up without it.
-        dp = int(omni_ext_section(additional).get("data_parallel_size") or 0) or int(pc.data_parallel_size or 1)
+        dp = data_parallel_size(cfg)
         world = dp * self.cfg_size * self.units.size
         visible, source = devices.visible_devices(current_omni_platform)
         if world > visible:

@@ -126,7 +126,6 @@ def served_as(key: str) -> str:
 def facts_of(key: str) -> PipelineFacts | None:
     """The :class:`PipelineFacts` of a registry key, or None for a name vLLM-Omni does not register.
     Imports the pipeline's module (as vLLM-Omni does when it serves it): call it at start-up."""
-    from vllm_omni.diffusion.io_support import get_diffusion_output_type
     from vllm_omni.diffusion.model_metadata import get_diffusion_model_metadata
     from vllm_omni.diffusion.registry import _DIFFUSION_MODELS, _NO_CACHE_ACCELERATION, DiffusionModelRegistry
 
@@ -160,16 +159,15 @@ def facts_of(key: str) -> PipelineFacts | None:
     from vllm_omni.diffusion.distributed.cfg_parallel import CFGParallelMixin
 
     from omni_ext.models.families import cancellable_classes
-    from omni_ext.patches import switched_off
+    from omni_ext.patches import resolve, switched_off
 
-    opted = [] if switched_off("cancel-at-step") else [_load(q) for q in cancellable_classes()]
+    opted_in = not switched_off("cancel-at-step") and any(issubclass(cls, resolve(q)) for q in cancellable_classes())
     return PipelineFacts(
-        output=get_diffusion_output_type(key),
+        output=output_type(key),
         cfg_parallel=issubclass(cls, CFGParallelMixin),
         request_batch=getattr(cls, "supports_request_batch", False) is True,
-        step_cancellation=getattr(cls, "supports_request_cancellation", False) is True
-        and not any(o is not None and issubclass(cls, o) for o in opted),
-        omni_ext_cancellation=any(o is not None and issubclass(cls, o) for o in opted),
+        step_cancellation=getattr(cls, "supports_request_cancellation", False) is True and not opted_in,
+        omni_ext_cancellation=opted_in,
         step_execution=getattr(cls, "supports_step_execution", False) is True,
         sequence_parallel=_sp_declared(cls),
         image_input=bool(getattr(cls, "support_image_input", False) or meta.supports_multimodal_inputs),
@@ -190,14 +188,12 @@ def _import_error(module: str) -> str:
     return "vLLM-Omni's registry could not load the class"
 
 
-def _load(qualname: str) -> type | None:
-    import importlib
+def output_type(pipeline: str | None) -> str:
+    """What a pipeline class makes ("video", "image", "audio"), by vLLM-Omni's own rule for its stage
+    configs (model metadata, then the class's audio flag, else "image"; an unregistered name: "image")."""
+    from vllm_omni.diffusion.io_support import get_diffusion_output_type
 
-    module, _, name = qualname.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
+    return get_diffusion_output_type(pipeline)
 
 
 def all_facts() -> tuple[PipelineFacts, ...]:
