@@ -122,6 +122,61 @@ def test_json_create_rejected_by_stock_route(server_pool) -> None:
     assert ours.status_code == 200 and ours.json()["status"] in ("queued", "in_progress")
 
 
+def _png(color: tuple[int, int, int], side: int = 16) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (side, side), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_input_references_and_control_reference_get_vllm_omnis_answer(server_pool) -> None:
+    """Issue 35, item 3: vLLM-Omni's own multipart ``input_references`` (several files) and ``control_reference``
+    + ``control_type``, which omni-ext's /v1/videos used to refuse with a 400 vLLM-Omni does not give, get
+    vLLM-Omni's own answer on omni-ext's routes. The tiny Wan takes no mixed references, so both routes hand
+    the two PNGs to the pipeline as reference video files, and generate the same bytes for the same seed (sync
+    and async); it declares no control upload type, so a control upload is the same 400 with the same message
+    (an OpenAI-style error naming control_type), as is input_references beside input_reference. No reference
+    file is left in the temporary directory."""
+    import glob
+    import tempfile
+
+    ours, stock = server_pool.get("wan"), server_pool.get("wan-stock")
+    pattern = os.path.join(tempfile.gettempdir(), "vllm_omni_*reference_*")
+    before = set(glob.glob(pattern))
+    form = [("prompt", (None, "a fox")), ("size", (None, "32x32")), ("num_frames", (None, "5")), ("fps", (None, "8")),
+            ("num_inference_steps", (None, "2")), ("seed", (None, "4"))]
+    refs = [("input_references", ("red.png", _png((200, 10, 10)), "image/png")),
+            ("input_references", ("blue.png", _png((10, 10, 200)), "image/png"))]
+    sync = {name: requests.post(server.url + "/v1/videos/sync", files=form + refs, timeout=300)
+            for name, server in (("ours", ours), ("stock", stock))}
+    for name, resp in sync.items():
+        assert resp.status_code == 200 and resp.headers["content-type"] == "video/mp4", (name, resp.text[:1000])
+        assert decode_mp4(resp.content) == (5, 32, 32), name
+    assert sync["ours"].content == sync["stock"].content
+    created = requests.post(ours.url + "/v1/videos", files=form + refs, timeout=60)
+    assert created.status_code == 200, created.text
+    job = wait_done(ours, created.json()["id"])
+    assert job["status"] == "completed", job
+    assert requests.get(f"{ours.url}/v1/videos/{job['id']}/content", timeout=60).content == sync["ours"].content
+
+    control = [("control_type", (None, "edge")), ("control_reference", ("edge.png", _png((0, 0, 0)), "image/png"))]
+    both_refs = refs + [("input_reference", ("c.png", _png((1, 2, 3)), "image/png"))]
+    for extra, param, code in ((control, "control_type", "unsupported_parameter"),
+                               (both_refs, "input_references", "invalid_value")):
+        answers = {name: requests.post(server.url + "/v1/videos/sync", files=form + extra, timeout=60)
+                   for name, server in (("ours", ours), ("stock", stock))}
+        assert answers["stock"].status_code == 400, answers["stock"].text[:500]
+        err = assert_openai_error(answers["ours"], 400)
+        assert err["message"] == answers["stock"].json()["error"]["message"], (err, answers["stock"].text[:500])
+        assert (err["param"], err["code"]) == (param, code)
+        created = requests.post(ours.url + "/v1/videos", files=form + extra, timeout=60)  # refused before a job exists
+        assert assert_openai_error(created, 400)["message"] == err["message"]
+    assert not set(glob.glob(pattern)) - before  # every reference file removed once its request ended
+
+
 def test_bracketed_multipart_fields(server_pool) -> None:
     server = server_pool.get("wan")
     form = [("prompt", (None, "x")), ("size", (None, "32x32")), ("seconds", (None, "1")),

@@ -575,3 +575,313 @@ def test_media_writes_are_fsynced_and_a_killed_writes_temp_file_is_removed_at_st
     assert media.remove_orphans(tmp_path) == [".video_b.mp4.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.tmp", "video_a.mp4"]
     assert media.remove_orphans(tmp_path / "missing") == []
+
+
+# ---- vLLM-Omni's multipart uploads: input_references, control_reference, latent-mask editing ----------------
+class _Stop(Exception):
+    """Raised where vLLM-Omni's generation call would reach the engine."""
+
+
+def _probe_handler(pipeline: str):
+    """vLLM-Omni's own video handler, for a served ``pipeline`` (its capabilities come from vLLM-Omni's
+    metadata), whose engine call records the engine inputs instead: the prompt and sampling params, each
+    temporary file as ``("file", suffix, its bytes)`` read while the engine would run, each image as
+    ``("image", size, pixels)``."""
+    import tempfile
+
+    from PIL import Image
+    from vllm_omni.entrypoints.openai.serving_video import OmniOpenAIServingVideo
+
+    def norm(value):
+        if isinstance(value, Image.Image):
+            return "image", value.size, value.tobytes()
+        if isinstance(value, str) and value.startswith(tempfile.gettempdir()):
+            return "file", Path(value).suffix, Path(value).read_bytes()
+        if isinstance(value, (list, tuple)):
+            return [norm(v) for v in value]
+        if isinstance(value, dict):
+            return {k: norm(v) for k, v in value.items()}
+        return value
+
+    class Probe(OmniOpenAIServingVideo):
+        async def _run_generation(self, prompt, gen_params, request_id, *, on_started=None):
+            self.seen = norm(dict(prompt)), norm(vars(gen_params))
+            raise _Stop
+
+    od_config = SimpleNamespace(model_class_name=pipeline, model=None, revision=None)
+    return Probe(SimpleNamespace(get_diffusion_od_config=lambda: od_config), model_name="m")
+
+
+def _upload_file(part: tuple[str, str, bytes]):
+    import io
+
+    from starlette.datastructures import Headers, UploadFile
+
+    return UploadFile(io.BytesIO(part[2]), size=len(part[2]), filename=part[0],
+                      headers=Headers({"content-type": part[1]}))
+
+
+async def _stock_engine_inputs(handler, form: dict, files: dict):
+    """What vLLM-Omni's own ``/v1/videos`` form (``_parse_video_form``) and generation call make of a request."""
+    import inspect
+
+    from vllm_omni.entrypoints.openai.video.generation.helpers import _cleanup_video_references, _parse_video_form
+
+    kwargs = {name: getattr(p.default, "default", p.default)
+              for name, p in inspect.signature(_parse_video_form).parameters.items() if name != "raw_request"}
+    kwargs.update(form)
+    for name, parts in files.items():
+        kwargs[name] = [_upload_file(p) for p in parts] if name == "input_references" else _upload_file(parts[-1])
+    app_state = SimpleNamespace(openai_serving_video=handler, openai_serving_models=None, stage_configs=None)
+    request, handler, _, image, video, audio, control, edit = await _parse_video_form(
+        SimpleNamespace(app=SimpleNamespace(state=app_state)), **kwargs)
+    try:
+        await handler._run_and_extract(request, "stock", reference_image=image, reference_video=video,
+                                       reference_audio=audio, latent_edit_input=edit)
+    except _Stop:
+        pass
+    finally:
+        _cleanup_video_references(video, audio, control, edit)
+    return handler.seen
+
+
+async def _our_engine_inputs(handler, state, form: dict, files: dict):
+    """What omni-ext's ``/v1/videos`` (intake, then its generation) makes of the same request."""
+    from omni_ext.api import videos
+    from omni_ext.api.intake import with_image_references, with_uploads
+
+    body = Body(dict(form), {k: v[-1] for k, v in files.items()}, {k: list(v) for k, v in files.items()})
+    spec = await with_uploads(await with_image_references(build_video_request(body, state, {}), state), body, handler)
+    with pytest.raises(_Stop):
+        await videos.generate(handler, spec, "ours", SimpleNamespace(started=lambda: None))
+    return handler.seen
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temporary directory vLLM-Omni's helpers persist uploads in, for this test alone."""
+    import tempfile
+
+    path = tmp_path / "tmp"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    return path
+
+
+def _left(temp_dir: Path) -> list[str]:
+    """The upload files vLLM-Omni's helpers persisted that are still there."""
+    return [p.name for p in temp_dir.iterdir() if p.name.startswith("vllm_omni_")]
+
+
+def _mask(value) -> tuple[str, str, bytes]:
+    return "mask.json", "application/json", json.dumps(value).encode()
+
+
+UPLOADS = {
+    "two reference images": ("WanPipeline", {}, {"input_references": [("a.png", "image/png", _png_bytes()),
+                                                                      ("b.png", "image/png", _png_bytes(8))]}),
+    "mixed references": ("MiniMaxH3Pipeline", {}, {"input_references": [
+        ("a.png", "image/png", _png_bytes()), ("b.png", "image/png", _png_bytes(8)),
+        ("c.mp4", "video/mp4", b"mp4 bytes"), ("d.wav", "audio/wav", b"wav bytes")]}),
+    "references and audio_reference": ("MiniMaxH3Pipeline", {"audio_reference": {"audio_url": "AUDIO"}},
+                                       {"input_references": [("d.wav", "audio/wav", b"wav bytes")]}),
+    "control": ("Cosmos3OmniPipeline", {"control_type": " Edge ", "extra_params": {"edge": {"control_weight": 0.5}}},
+                {"control_reference": [("edge.png", "image/png", _png_bytes())]}),
+    "latent edit": ("MiniMaxH3Pipeline", {}, {"source_video": [("src.mp4", "video/mp4", b"source video")],
+                                              "source_audio": [("src.wav", "audio/wav", b"source audio")],
+                                              "video_noise_mask": [_mask([[0, 1], [1, 0]])],
+                                              "audio_noise_mask": [_mask({"ranges": [[0, 0.5]]})]}),
+    "mask alone": ("MiniMaxH3ModularPipeline", {}, {"video_noise_mask": [_mask([1, 0, 1])]}),
+}
+
+
+@pytest.mark.parametrize("case", UPLOADS)
+def test_uploads_reach_the_engine_as_vllm_omnis_route_makes_them(tmp_path: Path, temp_dir: Path, case: str) -> None:
+    """``input_references``, ``control_reference`` + ``control_type`` and the latent-edit uploads (refused with
+    a 400 before) become exactly the engine inputs vLLM-Omni's own route makes of them (prompt, multi_modal_data,
+    sampling params and their extra_args, each file's bytes while the engine runs), for the models vLLM-Omni
+    takes them for; every temporary file is gone afterwards."""
+    pipeline, form, files = UPLOADS[case]
+    form = {"prompt": "x", "num_frames": 5, "seed": 3, **form}
+    if "audio_reference" in form:
+        form["audio_reference"] = {"audio_url": _data_url("audio/wav", _wav_bytes())}
+    stock_form = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in form.items()}  # a form's JSON strings
+    handler = _probe_handler(pipeline)
+    state = api_state(tmp_path / "s", ModelLimits(pipeline, 16, 1, True))
+    try:
+        stock = asyncio.run(_stock_engine_inputs(handler, stock_form, files))
+        assert not _left(temp_dir)
+        ours = asyncio.run(_our_engine_inputs(handler, state, form, files))
+    finally:
+        handler.shutdown()
+    assert ours == stock
+    prompt, params = ours
+    if case == "control":
+        assert params["extra_args"]["edge"] == {"control_weight": 0.5, "control_path": ("file", ".png", _png_bytes())}
+    else:
+        assert prompt["multi_modal_data"], prompt
+    assert not _left(temp_dir)  # removed once the generation ended (here: failed)
+
+
+REFUSED = [  # (pipeline, form, files, param, code): vLLM-Omni's own route refuses each with the same 400
+    ("WanPipeline", {"control_type": "edge"}, {"control_reference": [("e.png", "image/png", _png_bytes())]},
+     "control_type", "unsupported_parameter"),
+    ("Cosmos3OmniPipeline", {"control_type": "edge"}, {}, "control_reference", "invalid_value"),
+    ("Cosmos3OmniPipeline", {}, {"control_reference": [("e.png", "image/png", _png_bytes())]}, "control_type",
+     "invalid_value"),
+    ("Cosmos3OmniPipeline", {"control_type": "edge", "extra_params": {"edge": {"control_path": "/x.mp4"}}},
+     {"control_reference": [("e.png", "image/png", _png_bytes())]}, "extra_params", "invalid_value"),
+    ("Cosmos3OmniPipeline", {"control_type": "edge"}, {"control_reference": [("e.wav", "audio/wav", b"x")]},
+     "control_reference", "invalid_value"),
+    ("WanPipeline", {}, {"video_noise_mask": [_mask([1])]}, "video_noise_mask", "unsupported_parameter"),
+    ("MiniMaxH3Pipeline", {}, {"source_video": [("s.mp4", "video/mp4", b"v")]}, "source_video", "invalid_value"),
+    ("MiniMaxH3Pipeline", {}, {"source_audio": [("s.wav", "audio/wav", b"a")], "video_noise_mask": [_mask([1])]},
+     "source_audio", "invalid_value"),
+    ("MiniMaxH3Pipeline", {}, {"source_video": [("s.avi", "video/x-msvideo", b"v")],
+                               "video_noise_mask": [_mask([1])]}, "source_video", "invalid_value"),
+    ("MiniMaxH3Pipeline", {}, {"video_noise_mask": [("m.json", "application/json", b"{not json")]},
+     "video_noise_mask", "invalid_value"),
+    ("MiniMaxH3Pipeline", {}, {"audio_noise_mask": [("m.json", "application/json", b"")]}, "audio_noise_mask",
+     "invalid_value"),
+    ("MiniMaxH3Pipeline", {}, {"input_references": [("a.gif", "image/gif", b"GIF89a")]}, "input_references",
+     "invalid_value"),
+    ("WanPipeline", {"image_reference": {"image_url": "data:image/png;base64,AAAA"}},
+     {"input_references": [("a.png", "image/png", _png_bytes())]}, "input_references", "invalid_value"),
+    ("WanPipeline", {}, {"input_references": [("a.png", "image/png", _png_bytes())],
+                         "input_reference": [("b.png", "image/png", _png_bytes())]},
+     "input_references", "invalid_value"),
+]
+
+
+@pytest.mark.parametrize("pipeline,form,files,param,code", REFUSED,
+                         ids=[f"{r[0]}-{r[3]}-{i}" for i, r in enumerate(REFUSED)])
+def test_uploads_are_refused_where_vllm_omnis_route_refuses_them(tmp_path: Path, temp_dir: Path, pipeline, form,
+                                                                 files, param, code) -> None:
+    """Where a field only makes sense for some models (or lacks its partner), omni-ext answers vLLM-Omni's own
+    status and message, as an OpenAI-style error naming the field, before a job exists; nothing is left behind."""
+    from fastapi import HTTPException
+
+    from omni_ext.api.intake import with_image_references, with_uploads
+
+    handler = _probe_handler(pipeline)
+    state = api_state(tmp_path / "s", ModelLimits(pipeline, 16, 1, True, image_input=True))
+    stock_form = {"prompt": "x", **{k: json.dumps(v) if isinstance(v, dict) else v for k, v in form.items()}}
+    try:
+        with pytest.raises(HTTPException) as stock:
+            asyncio.run(_stock_engine_inputs(handler, stock_form, files))
+
+        async def ours() -> None:
+            body = Body({"prompt": "x", **form}, {k: v[-1] for k, v in files.items()}, {k: list(v) for k, v in files.items()})
+            spec = build_video_request(body, state, {})
+            await with_uploads(await with_image_references(spec, state), body, handler)
+
+        with pytest.raises(APIError) as err:
+            asyncio.run(ours())
+    finally:
+        handler.shutdown()
+    assert (err.value.status, err.value.message) == (stock.value.status_code, stock.value.detail)
+    assert (err.value.param, err.value.code) == (param, code)
+    assert err.value.body()["error"]["type"] == "invalid_request_error"
+    assert not _left(temp_dir)
+
+
+def test_uploads_keep_the_reference_bounds_and_a_late_refusal_leaves_no_file(tmp_path: Path, temp_dir: Path,
+                                                                           monkeypatch) -> None:
+    """An uploaded image (``input_references``, ``control_reference``) is held to the reference images' pixel
+    bound from its header, as ``input_reference`` is; a refusal after some uploads were persisted removes them;
+    without a video handler to ask, no model capability is assumed."""
+    from omni_ext.api import intake
+    from omni_ext.api.intake import with_uploads
+
+    monkeypatch.setattr(intake, "max_reference_pixels", lambda: 15 * 15)
+    state = api_state(tmp_path / "s", ModelLimits("Cosmos3OmniPipeline", 16, 1, True))
+    handler = _probe_handler("Cosmos3OmniPipeline")
+
+    def run(form: dict, files: dict, with_handler=handler):
+        body = Body({"prompt": "x", **form}, {k: v[-1] for k, v in files.items()}, {k: list(v) for k, v in files.items()})
+        return asyncio.run(with_uploads(build_video_request(body, state, {}), body, with_handler))
+
+    try:
+        for name in ("input_references", "control_reference"):
+            with pytest.raises(APIError) as err:
+                run({"control_type": "edge"} if name == "control_reference" else {},
+                    {name: [("a.png", "image/png", _png_bytes(16))]})
+            assert (err.value.param, err.value.code) == (name, "image_too_large") and "16x16" in err.value.message
+        spec = run({}, {"input_references": [("a.png", "image/png", _png_bytes(15)), ("v.mp4", "video/mp4", b"v")]})
+        assert len(_left(temp_dir)) == 2 and spec.uploads.video.data == list(spec.uploads.video.cleanup_paths)
+        spec.uploads.cleanup()
+        spec.uploads.cleanup()  # again: nothing more to do
+        assert not _left(temp_dir)
+        with pytest.raises(APIError) as err:  # the control upload is refused after the references were persisted
+            run({"control_type": "edge"}, {"input_references": [("v.mp4", "video/mp4", b"v")],
+                                           "control_reference": [("c.png", "image/png", b"")]})
+        assert err.value.message == "control_reference must not be empty." and not _left(temp_dir)
+        with pytest.raises(APIError) as err:
+            run({"control_type": "edge"}, {"control_reference": [("c.png", "image/png", _png_bytes(8))]}, None)
+        assert err.value.code == "unsupported_parameter" and "Supported control upload types: none" in err.value.message
+    finally:
+        handler.shutdown()
+
+
+def test_repeated_and_bracketed_file_parts_are_all_kept(tmp_path: Path) -> None:
+    """``input_references`` is one file field sent several times (also as an SDK's ``input_references[]``):
+    the form parser keeps every part, in order; a single-file field keeps its last part, as vLLM-Omni's form does."""
+    import requests as rq
+    from starlette.requests import Request
+
+    from omni_ext.api.intake import parse_body
+
+    files = [("input_references", ("a.png", b"A", "image/png")), ("input_references[]", ("b.png", b"B", "image/png")),
+             ("input_reference", ("c.png", b"C", "image/png")), ("input_reference", ("d.png", b"D", "image/png"))]
+    prepared = rq.Request("POST", "http://x/v1/videos", data={"prompt": "p"}, files=files).prepare()
+    scope = {"type": "http", "method": "POST", "path": "/v1/videos", "query_string": b"",
+             "headers": [(b"content-type", prepared.headers["Content-Type"].encode()),
+                         (b"content-length", str(len(prepared.body)).encode())]}
+    sent = [{"type": "http.request", "body": prepared.body, "more_body": False}]
+
+    async def receive():
+        return sent.pop(0) if sent else {"type": "http.disconnect"}
+
+    body = asyncio.run(parse_body(Request(scope, receive), 2**20))
+    assert [p[0] for p in body.parts("input_references")] == ["a.png", "b.png"]
+    assert body.files["input_reference"][2] == b"D" and [p[2] for p in body.parts("input_reference")] == [b"C", b"D"]
+    assert Body({}, {"x": ("x", "t", b"1")}).parts("x") == [("x", "t", b"1")] and Body({}).parts("x") == []
+
+
+def test_the_routes_remove_the_uploads_however_the_job_ends(tmp_path: Path, temp_dir: Path) -> None:
+    """On omni-ext's routes (in-process, vLLM-Omni's handler with its engine call failing): the sync request and
+    the async job both hand the references to the generation call and leave no file behind when it fails; a
+    request refused before it runs leaves none either."""
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from omni_ext.api.routes import build_router
+    from omni_ext.api.state import VideoBackend
+
+    state = api_state(tmp_path / "s", ModelLimits("WanPipeline", 16, 1, True))
+    handler = _probe_handler("WanPipeline")
+    state.video = VideoBackend(handler=handler, defaults={})
+    app = FastAPI()
+    app.include_router(build_router())
+    app.state.omni_ext = state
+    files = [("prompt", (None, "x")), ("num_frames", (None, "5")), ("size", (None, "32x32")),
+             ("input_references", ("a.png", _png_bytes(), "image/png")),
+             ("input_references", ("b.png", _png_bytes(8), "image/png"))]
+    try:
+        with TestClient(app) as client:
+            sync = client.post("/v1/videos/sync", files=files)
+            assert (sync.status_code, sync.json()["error"]["code"]) == (500, "generation_failed")
+            assert [v[:2] for v in handler.seen[0]["multi_modal_data"]["video"]] == [("file", ".mp4")] * 2
+            assert not _left(temp_dir)
+            handler.seen = None
+            created = client.post("/v1/videos", files=files)
+            assert created.status_code == 200, created.text
+            deadline = time.monotonic() + 30
+            while (job := client.get(f"/v1/videos/{created.json()['id']}").json())["status"] != "failed":
+                assert time.monotonic() < deadline, job
+                time.sleep(0.05)
+            assert handler.seen is not None and not _left(temp_dir)
+            refused = client.post("/v1/videos", files=[*files, ("control_type", (None, "edge"))])
+            assert refused.json()["error"]["param"] == "control_reference" and not _left(temp_dir)
+    finally:
+        handler.shutdown()

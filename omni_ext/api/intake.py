@@ -26,18 +26,20 @@ or :func:`read_image_request` and get the spec, or the error.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import io
 import json
 import math
+import os
 import random
 import re
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 from omni_ext.api import media
-from omni_ext.api.errors import APIError, bad_request, from_pydantic
+from omni_ext.api.errors import APIError, bad_request, from_pydantic, storage
 from omni_ext.api.jobs import JobSpec
 from omni_ext.api.limits import (
     MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_PROMPT_CHARS, MAX_SECONDS, MAX_SEED,
@@ -63,6 +65,15 @@ _JSON_FIELDS = ("extra_params", "lora", "image_reference", "video_reference", "a
 class Body:
     fields: dict[str, Any]
     files: dict[str, tuple[str, str, bytes]] = field(default_factory=dict)  # name -> (filename, type, data)
+    #: Every part of each file field, in order (``files`` keeps the last, as a single-file form field reads
+    #: it): ``input_references`` is one field sent several times.
+    file_lists: dict[str, list[tuple[str, str, bytes]]] = field(default_factory=dict)
+
+    def parts(self, name: str) -> list[tuple[str, str, bytes]]:
+        """Every uploaded part of the file field ``name`` (none: an empty list)."""
+        if name in self.file_lists:
+            return list(self.file_lists[name])
+        return [self.files[name]] if name in self.files else []
 
 
 async def read_limited(request: Request, limit: int) -> bytes:
@@ -167,19 +178,24 @@ async def parse_body(request: Request, limit: int, *, allow_files: bool = True) 
         )
 
     try:
-        form = await FormRequest(request.scope, replay(raw, request.receive)).form(max_files=16, max_fields=256)
+        # max_files: Starlette's default, as vLLM-Omni's own form takes them (input_references has no count of
+        # its own there); the body's size is bounded above.
+        form = await FormRequest(request.scope, replay(raw, request.receive)).form(max_files=1000, max_fields=256)
     except Exception as exc:  # starlette raises MultiPartException / HTTPException on malformed bodies
         raise APIError(HTTPStatus.BAD_REQUEST, f"Malformed form body: {getattr(exc, 'detail', exc)}", code="invalid_form") from None
     fields: dict[str, Any] = {}
     files: dict[str, tuple[str, str, bytes]] = {}
+    file_lists: dict[str, list[tuple[str, str, bytes]]] = {}
     for key, value in form.multi_items():
         if isinstance(value, UploadFile):
             if not allow_files:
                 raise APIError(HTTPStatus.BAD_REQUEST, f"File uploads are not accepted here ('{key}').", param=key)
+            key = key[:-2] if key.endswith("[]") else key  # an SDK's list of files: input_references[]
             files[key] = (value.filename or key, value.content_type or "application/octet-stream", await value.read())
+            file_lists.setdefault(key, []).append(files[key])
             continue
         _set_nested(fields, key, value)
-    return Body(fields={k: _maybe_json(k, v) for k, v in fields.items()}, files=files)
+    return Body(fields={k: _maybe_json(k, v) for k, v in fields.items()}, files=files, file_lists=file_lists)
 
 
 # ---- fields ------------------------------------------------------------------------------------
@@ -420,7 +436,12 @@ def _check_limits(limits: ModelLimits, **values: Any) -> None:
 # ---- videos -------------------------------------------------------------------------------------
 #: ``seconds`` on a model whose native fps omni-ext does not know.
 FALLBACK_FPS = 16
-_VIDEO_OWN_FIELDS = {"seconds", "size", "input_reference", "priority", "deadline_s"}
+_VIDEO_OWN_FIELDS = {"seconds", "size", "input_reference", "priority", "deadline_s", "control_type"}
+#: File fields of vLLM-Omni 0.30's own ``/v1/videos`` form beside ``input_reference``: several reference
+#: files, a model's control video/image (with ``control_type``), and latent-mask editing's source media and
+#: JSON masks. They are carried by :func:`with_uploads`.
+UPLOAD_FIELDS = ("input_references", "control_reference", "source_video", "source_audio", "video_noise_mask",
+                 "audio_noise_mask")
 #: Integer fields of a video request bounded here, in the order their errors are reported (after ``size``).
 _VIDEO_INTS = {"priority": (MIN_PRIORITY, MAX_PRIORITY), "seconds": (1, MAX_SECONDS), "fps": (1, MAX_FPS),
                "seed": (0, MAX_SEED)}
@@ -462,16 +483,36 @@ def _reference_image(body: Body, state: Served) -> Any:
         img = Image.open(io.BytesIO(raw))  # the header only: nothing is decoded yet
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
         raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
-    width, height = img.size
-    bound = max_reference_pixels()
-    if bound > 0 and width * height > bound:
-        raise bad_request(f"input_reference is {width}x{height} ({width * height} pixels), over this server's bound of "
-                          f"{bound} pixels (VLLM_MAX_IMAGE_PIXELS).", "input_reference", "image_too_large")
+    _check_pixel_bound(*img.size, "input_reference")
     try:
         img.load()
     except (OSError, ValueError, Image.DecompressionBombError):
         raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
     return img.convert("RGB")
+
+
+def _check_pixel_bound(width: int, height: int, param: str) -> None:
+    """400 ``image_too_large`` for a reference image over :func:`max_reference_pixels`."""
+    bound = max_reference_pixels()
+    if bound > 0 and width * height > bound:
+        raise bad_request(f"{param} is {width}x{height} ({width * height} pixels), over this server's bound of "
+                          f"{bound} pixels (VLLM_MAX_IMAGE_PIXELS).", param, "image_too_large")
+
+
+def check_upload_pixels(data: bytes, param: str) -> None:
+    """An uploaded file that is an image is held to the reference images' pixel bound, read from its header
+    before anything is decoded (as ``input_reference``); bytes that are no image are left to vLLM-Omni's own
+    checks of the field."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            width, height = img.size
+    except Image.DecompressionBombError:
+        raise bad_request(f"{param} holds an image past the decoder's pixel limit.", param, "image_too_large") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        return
+    _check_pixel_bound(width, height, param)
 
 
 def max_reference_pixels() -> int:
@@ -498,8 +539,17 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
     if not limits.is_video:
         raise bad_request(f"The served model ({limits.pipeline or 'unknown'}) does not generate video; use "
                           "/v1/images/generations.", None, "unsupported_model")
-    fields, _ = request_fields(body, accepted=_video_request_fields() | _VIDEO_OWN_FIELDS, files=("input_reference",),
-                               served=(state.model_name, state.model_path), size=True, ints=_VIDEO_INTS)
+    fields, _ = request_fields(body, accepted=_video_request_fields() | _VIDEO_OWN_FIELDS,
+                               files=("input_reference", *UPLOAD_FIELDS), served=(state.model_name, state.model_path),
+                               size=True, ints=_VIDEO_INTS)
+    if body.parts("input_references") and any(
+            "input_reference" in body.files or fields.get(name) not in (None, "")
+            for name in ("input_reference", "image_reference", "video_reference")):
+        raise bad_request("Provide input_references alone, without input_reference, image_reference, or "
+                          "video_reference.", "input_references")  # vLLM-Omni's own answer
+    if fields.get("control_type") is not None and not isinstance(fields["control_type"], str):
+        raise bad_request("'control_type' must be a string.", "control_type")
+    fields.pop("control_type", None)  # with its control_reference: with_uploads
     if "width" in defaults and "height" in defaults and "width" not in fields and "height" not in fields:
         fields["width"], fields["height"] = defaults["width"], defaults["height"]
     priority = fields.pop("priority", None) or 0
@@ -538,15 +588,19 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
     )
 
 
-async def read_video_request(request: Request, state: Served, defaults: dict[str, int]) -> JobSpec:
-    """The ``POST /v1/videos`` (and ``/sync``) body, read within the upload limit, as its checked spec."""
+async def read_video_request(request: Request, state: Served, defaults: dict[str, int], handler: Any = None) -> JobSpec:
+    """The ``POST /v1/videos`` (and ``/sync``) body, read within the upload limit, as its checked spec.
+    ``handler``: vLLM-Omni's video handler, whose answers say which uploads the served model takes
+    (:func:`with_uploads`). A spec with :attr:`~omni_ext.api.jobs.JobSpec.uploads` holds temporary files:
+    the caller removes them (``spec.uploads.cleanup()``) once the job ends or is refused."""
     body = await parse_body(request, state.settings.max_upload_bytes)
     if "input_reference" in body.files or body.fields.get("input_reference") is not None:
         # a reference image is decoded here: off the event loop, which keeps serving meanwhile
         spec = await media.off_loop(build_video_request, body, state, defaults)
     else:
         spec = build_video_request(body, state, defaults)
-    return await with_image_references(spec, state)
+    spec = await with_image_references(spec, state)
+    return await with_uploads(spec, body, handler)  # last: nothing after it can fail and leave its files behind
 
 
 def reference_items(value: Any) -> list[Any]:
@@ -581,6 +635,153 @@ async def with_image_references(spec: JobSpec, state: Served) -> JobSpec:
         images.append(image.convert("RGB"))
     spec.request.image_reference = None  # carried as the reference image(s) from here on
     return replace(spec, reference=images[0] if len(images) == 1 else images)
+
+
+@dataclass
+class Uploads:
+    """A video request's uploads, persisted as vLLM-Omni's own ``/v1/videos`` persists them, for its generation
+    call: ``video`` and ``audio`` (its ``ReferenceVideo``/``ReferenceAudio``) from ``input_references``,
+    ``control_path`` (``control_reference``, also in the request's ``extra_params[control_type]``) and
+    ``latent_edit`` (its ``LatentEditInput``: source media and masks). :meth:`cleanup` removes their temporary
+    files, by vLLM-Omni's own clean-up, and may be called again."""
+
+    video: Any = None
+    audio: Any = None
+    control_path: str | None = None
+    latent_edit: Any = None
+
+    def cleanup(self) -> None:
+        from vllm_omni.entrypoints.openai.video.generation.helpers import _cleanup_video_references
+
+        with contextlib.suppress(OSError):
+            _cleanup_video_references(self.video, self.audio, self.control_path, self.latent_edit)
+
+
+def _upload(part: tuple[str, str, bytes]) -> Any:
+    """A parsed file part as the ``UploadFile`` vLLM-Omni's helpers read."""
+    from starlette.datastructures import Headers, UploadFile
+
+    filename, content_type, data = part
+    return UploadFile(io.BytesIO(data), size=len(data), filename=filename,
+                      headers=Headers({"content-type": content_type}))
+
+
+@contextlib.contextmanager
+def _answer(why: tuple[str, str] | Callable[[], tuple[str, str]]) -> Iterator[None]:
+    """A refusal of vLLM-Omni's helpers (FastAPI's ``HTTPException``) as omni-ext's OpenAI-style error, with the
+    same status and message; ``why``: its ``(param, code)``, or what tells them once it is raised."""
+    from fastapi import HTTPException
+
+    try:
+        yield
+    except HTTPException as exc:
+        param, code = why() if callable(why) else why
+        raise APIError(exc.status_code, str(exc.detail), param=param or None, code=code) from None
+
+
+async def with_uploads(spec: JobSpec, body: Body, handler: Any) -> JobSpec:
+    """``spec`` with the request's file fields beside ``input_reference`` (:data:`UPLOAD_FIELDS`) carried as
+    vLLM-Omni's own ``/v1/videos`` carries them, by its own helpers, in its order and with its answers (the
+    served model's capabilities are its handler's: ``supports_mixed_reference_inputs``,
+    ``supported_control_upload_types``, ``supports_latent_mask_editing``):
+
+    - ``input_references`` (alone; :func:`build_video_request` says so): a model of mixed references
+      (MiniMax H3) gets its images as the reference images and its videos and audio as files, any other model
+      every file as a reference video file;
+    - ``control_reference`` with ``control_type``: a file whose path goes to ``extra_params[control_type]
+      ["control_path"]``, only for a model that declares the type;
+    - ``source_video``, ``source_audio``, ``video_noise_mask``, ``audio_noise_mask`` (JSON files): latent-mask
+      editing, only for a model that supports it.
+
+    Uploaded images are held to the reference images' pixel bound (:func:`check_upload_pixels`), and
+    every upload to the body's size limit and to vLLM-Omni's own size caps. A refusal removes whatever was
+    persisted; else the caller removes the files (:attr:`JobSpec.uploads`) when the job ends."""
+    parts = {name: body.parts(name) for name in UPLOAD_FIELDS}
+    control_type = body.fields.get("control_type")
+    if not any(parts.values()) and control_type is None:
+        return spec
+    from types import SimpleNamespace
+
+    from vllm_omni.entrypoints.openai.serving_video import LatentEditInput, ReferenceAudio, ReferenceVideo
+    from vllm_omni.entrypoints.openai.video.generation.helpers import (
+        _attach_control_upload, _persist_latent_edit_source, _persist_uploaded_control_reference,
+        _persist_uploaded_media_references, _persist_uploaded_video_references, _read_latent_edit_mask_json,
+        _validate_control_upload, _validate_latent_edit_inputs,
+    )
+
+    if handler is None:  # no video handler to ask: a model of no special capabilities
+        handler = SimpleNamespace(supports_mixed_reference_inputs=False, supports_latent_mask_editing=False,
+                                  supported_control_upload_types=frozenset())
+    vreq = spec.request
+    masks: dict[str, Any] = {}
+    for name in ("video_noise_mask", "audio_noise_mask"):
+        with _answer((name, "invalid_value")):
+            masks[name] = await _read_latent_edit_mask_json(_upload(parts[name][-1]) if parts[name] else None,
+                                                            field_name=name)
+    sources = {name: _upload(parts[name][-1]) if parts[name] else None for name in ("source_video", "source_audio")}
+    edit_param = next((n for n in ("source_video", "source_audio", "video_noise_mask", "audio_noise_mask") if parts[n]),
+                      "")
+
+    def edit_refusal() -> tuple[str, str]:
+        return edit_param, "invalid_value" if handler.supports_latent_mask_editing else "unsupported_parameter"
+
+    with _answer(edit_refusal):
+        edit = _validate_latent_edit_inputs(handler, **sources, **masks)
+    control = _upload(parts["control_reference"][-1]) if parts["control_reference"] else None
+
+    def control_refusal() -> tuple[str, str]:
+        if control is None:
+            return "control_reference", "invalid_value"
+        if not (control_type or "").strip():
+            return "control_type", "invalid_value"
+        if control_type.strip().lower() not in handler.supported_control_upload_types:
+            return "control_type", "unsupported_parameter"
+        return "extra_params", "invalid_value"
+
+    with _answer(control_refusal):
+        kind = _validate_control_upload(handler, vreq, control, control_type)
+    if kind is not None:
+        _attach_control_upload(vreq, kind)
+        check_upload_pixels(parts["control_reference"][-1][2], "control_reference")
+    for part in parts["input_references"]:
+        check_upload_pixels(part[2], "input_references")
+
+    uploads, edit_paths = Uploads(), []
+    try:
+        refs = parts["input_references"]
+        if refs:
+            with _answer(("input_references", "invalid_value")), storage("storing input_references"):
+                if handler.supports_mixed_reference_inputs:
+                    images, videos, audios = await _persist_uploaded_media_references([_upload(p) for p in refs])
+                else:  # every file a reference video
+                    images, audios = [], []
+                    videos = await _persist_uploaded_video_references([_upload(p) for p in refs])
+            if videos:
+                uploads.video = ReferenceVideo(data=videos, cleanup_paths=tuple(videos))
+            if audios:
+                uploads.audio = ReferenceAudio(path=audios if len(audios) > 1 else audios[0],
+                                               cleanup_paths=tuple(audios))
+            if images:  # input_references come alone: these are the request's reference images
+                spec = replace(spec, reference=images if len(images) > 1 else images[0])
+        if kind is not None:
+            with _answer(("control_reference", "invalid_value")), storage("storing control_reference"):
+                uploads.control_path = await _persist_uploaded_control_reference(control)
+            _attach_control_upload(vreq, kind, uploads.control_path)
+        if edit:
+            paths: dict[str, str] = {}
+            for name, upload in sources.items():
+                if upload is not None:
+                    with _answer((name, "invalid_value")), storage(f"storing {name}"):
+                        paths[name] = await _persist_latent_edit_source(upload, field_name=name)
+                    edit_paths.append(paths[name])
+            uploads.latent_edit = LatentEditInput(**paths, **masks, cleanup_paths=tuple(edit_paths))
+    except BaseException:
+        uploads.cleanup()
+        for path in edit_paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
+    return replace(spec, uploads=uploads)
 
 
 # ---- images -------------------------------------------------------------------------------------

@@ -69,6 +69,9 @@ class JobSpec:
     in its extra parameters. ``reference``: the ``input_reference``
     image (PIL) or None. ``width``/``height``/``frames``/``steps``: as the request resolves them
     (None: the pipeline's own default). ``seconds``: OpenAI's video length (videos only).
+    ``uploads``: a video request's uploaded media persisted for vLLM-Omni's generation call
+    (:class:`omni_ext.api.intake.Uploads`: ``input_references``, ``control_reference``, latent-edit
+    sources), whose temporary files go when the job ends; None when it has none.
     """
 
     request: Any
@@ -84,6 +87,7 @@ class JobSpec:
     seconds: str | None = None
     n: int = 1
     reference: Any = None
+    uploads: Any = None
 
 
 @dataclass

@@ -50,6 +50,8 @@ _DEADLINE = {"type": "number", "exclusiveMinimum": 0,
                             "slo_factor x its predicted time); the scheduler's order \"slo\" starts it early enough "
                             "when it can."}
 
+_BINARY = {"type": "string", "format": "binary"}
+
 VIDEO_CREATE: dict[str, Any] = {
     "type": "object",
     "required": ["prompt"],
@@ -62,6 +64,18 @@ VIDEO_CREATE: dict[str, Any] = {
                                    "frame count."},
         "size": _SIZE,
         "input_reference": {"type": "string", "format": "binary"},
+        # vLLM-Omni's own multipart uploads (omni_ext.api.intake.with_uploads), each only where the served
+        # model takes it, as vLLM-Omni's route decides.
+        "input_references": {"type": "array", "items": _BINARY,
+                             "description": "Reference files, alone (without input_reference, image_reference or "
+                                            "video_reference): a mixed-reference model's images, videos and audio, "
+                                            "any other model's reference videos."},
+        "control_reference": {**_BINARY, "description": "A control image or video, with control_type."},
+        "control_type": {"type": "string", "description": "One of the served model's control upload types."},
+        "source_video": {**_BINARY, "description": "Latent-mask editing: the source video (MP4 or MOV)."},
+        "source_audio": {**_BINARY, "description": "Latent-mask editing: the source audio (WAV or MP3)."},
+        "video_noise_mask": {**_BINARY, "description": "Latent-mask editing: the video mask, a UTF-8 JSON file."},
+        "audio_noise_mask": {**_BINARY, "description": "Latent-mask editing: the audio mask, a UTF-8 JSON file."},
         "negative_prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
         "num_inference_steps": _integer(MIN_STEPS, MAX_VIDEO_STEPS),
         "guidance_scale": _number(0, MAX_VIDEO_GUIDANCE),

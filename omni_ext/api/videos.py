@@ -44,8 +44,10 @@ POLL_MIN_MS, POLL_MAX_MS = 100, 5000
 async def generate(handler: Any, spec: JobSpec, request_id: str, admitted: Admitted) -> Any:
     """vLLM-Omni's generation (its artifacts), reporting its start through ``admitted`` (vLLM-Omni's
     ``on_started``); the engine slot is free once this returns. The request's reference image(s) are
-    decoded already; its ``video_reference`` and ``audio_reference`` are decoded here, by vLLM-Omni's own
-    decoders as its route does, and their temporary files removed when the generation ends."""
+    decoded already, its uploads (``input_references``, ``control_reference``, latent-edit media:
+    :attr:`JobSpec.uploads`) persisted; its ``video_reference`` and ``audio_reference`` are decoded here, by
+    vLLM-Omni's own decoders as its route does. They reach vLLM-Omni's generation call as its route hands
+    them over, and every temporary file is removed when the generation ends, however it ends."""
     from vllm_omni.entrypoints.openai.serving_video import ReferenceImage
     from vllm_omni.entrypoints.openai.video.generation.helpers import _cleanup_video_references
 
@@ -53,14 +55,38 @@ async def generate(handler: Any, spec: JobSpec, request_id: str, admitted: Admit
         admitted.started()
 
     reference = ReferenceImage(data=spec.reference) if spec.reference is not None else None
+    uploads = spec.uploads
     video = audio = None
     try:
         video, audio = await media_references(handler, spec.request)
-        media_refs = {k: v for k, v in (("reference_video", video), ("reference_audio", audio)) if v is not None}
+        if uploads is not None:
+            video = video if video is not None else uploads.video  # input_references come without video_reference
+            audio = _with_uploaded_audio(uploads.audio, audio)
+        media_refs = {k: v for k, v in (("reference_video", video), ("reference_audio", audio),
+                                        ("latent_edit_input", uploads and uploads.latent_edit)) if v is not None}
         return await handler._run_and_extract(spec.request, request_id, reference_image=reference,
                                               on_started=on_started, **media_refs)
     finally:
         _cleanup_video_references(video, audio)
+        release_uploads(spec)
+
+
+def release_uploads(spec: JobSpec) -> None:
+    """Remove the temporary files of ``spec``'s uploads (none: nothing to do; again: nothing more)."""
+    if spec.uploads is not None:
+        spec.uploads.cleanup()
+
+
+def _with_uploaded_audio(uploaded: Any, decoded: Any) -> Any:
+    """The uploaded reference audio (``input_references``) then the decoded ``audio_reference`` items, as one
+    ``ReferenceAudio``, as vLLM-Omni's route joins them (one path alone, else their list)."""
+    if uploaded is None or decoded is None:
+        return decoded if uploaded is None else uploaded
+    from vllm_omni.entrypoints.openai.serving_video import ReferenceAudio
+
+    paths = [*reference_items(uploaded.path), *reference_items(decoded.path)]
+    return ReferenceAudio(path=paths if len(paths) > 1 else paths[0],
+                          cleanup_paths=(*uploaded.cleanup_paths, *decoded.cleanup_paths))
 
 
 async def media_references(handler: Any, vreq: Any) -> tuple[Any, Any]:
@@ -104,7 +130,8 @@ async def media_references(handler: Any, vreq: Any) -> tuple[Any, Any]:
                           "invalid_reference") from None
     video = (ReferenceVideo(data=paths, cleanup_paths=tuple(paths)) if paths
              else ReferenceVideo(data=frames) if frames is not None else None)
-    audio = ReferenceAudio(path=audio_paths, cleanup_paths=tuple(audio_paths)) if audio_paths else None
+    audio = (ReferenceAudio(path=audio_paths if len(audio_paths) > 1 else audio_paths[0],  # one alone, as vLLM-Omni's
+                            cleanup_paths=tuple(audio_paths)) if audio_paths else None)
     return video, audio
 
 
@@ -255,20 +282,28 @@ def _video_response(state: ApiState, job: Job) -> JSONResponse:
 @router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video(request: Request) -> JSONResponse:
     state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
-    spec = await read_video_request(request, state, backend.defaults)
+    spec = await read_video_request(request, state, backend.defaults, backend.handler)
     job_id = f"video_{uuid.uuid4().hex}"
-    admitted = state.queue.admit(job_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
     try:
-        with storage(f"storing video {job_id}"):
-            job = state.store.create(
-                id=job_id, kind="video", model=state.model_name, prompt=spec.prompt, seconds=spec.seconds,
-                size=f"{spec.width}x{spec.height}", meta={"num_frames": spec.frames, "fps": spec.fps, "priority": spec.priority},
-            )
-    except StorageError:
-        admitted.dropped()  # refused after all: its admission must not hold capacity
+        admitted = state.queue.admit(job_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
+        try:
+            with storage(f"storing video {job_id}"):
+                job = state.store.create(
+                    id=job_id, kind="video", model=state.model_name, prompt=spec.prompt, seconds=spec.seconds,
+                    size=f"{spec.width}x{spec.height}",
+                    meta={"num_frames": spec.frames, "fps": spec.fps, "priority": spec.priority},
+                )
+        except StorageError:
+            admitted.dropped()  # refused after all: its admission must not hold capacity
+            raise
+    except BaseException:
+        release_uploads(spec)  # refused: its uploads' temporary files go with it
         raise
     state.admitted[job.id] = admitted
-    state.tasks[job.id] = asyncio.create_task(_run_job(state, backend.handler, job, spec, admitted))
+    task = asyncio.create_task(_run_job(state, backend.handler, job, spec, admitted))
+    if spec.uploads is not None:  # also for a job deleted before its task ever ran
+        task.add_done_callback(lambda _task: release_uploads(spec))
+    state.tasks[job.id] = task
     view = admitted.view
     logger.info("omni-ext video %s queued (%s, %s frames, %s steps, priority %d, predicted start in %.1f s, %d ahead)",
                 job.id, job.size, spec.frames, spec.steps, spec.priority, admitted.decision.wait_s, view.position)
@@ -279,22 +314,24 @@ async def create_video(request: Request) -> JSONResponse:
 @router.post("/v1/videos/sync", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video_sync(request: Request) -> Response:
     state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
-    spec = await read_video_request(request, state, backend.defaults)
+    spec = await read_video_request(request, state, backend.defaults, backend.handler)
     request_id = f"video_sync-{uuid.uuid4().hex}"
-    admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))
     started = time.perf_counter()
     try:
+        admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
         artifacts = await run_admitted(request, admitted, "video", asyncio.wait_for(
             generate(backend.handler, spec, request_id, admitted), timeout=timeout))
         mp4 = await encode_mp4(backend.handler, spec.request, artifacts)
-    except ClientGone:
+    except (ClientGone, APIError):
         raise
     except asyncio.TimeoutError:
         raise APIError(HTTPStatus.GATEWAY_TIMEOUT, f"Video generation timed out after {timeout:.0f} s.",
                        code="timeout") from None
     except Exception as exc:
         raise generation_error(exc, "Video generation", request_id) from None
+    finally:
+        release_uploads(spec)  # however it ended (also when refused or never started)
     return Response(mp4, media_type="video/mp4", headers={
         "X-Request-Id": request_id,
         "X-Model": state.model_name,

@@ -87,7 +87,7 @@ COUPLINGS: tuple[Coupling, ...] = (
             "around it. Without it every POST /v1/videos answers 503 video_unavailable."
         ),
         used_in="omni_ext.api.videos, omni_ext.api.state",
-        params=("reference_image", "reference_video", "reference_audio", "on_started"),
+        params=("reference_image", "reference_video", "reference_audio", "on_started", "latent_edit_input"),
     ),
     Coupling(
         name=f"{_SERVING_VIDEO}._resolve_default_sampling_params",
@@ -116,14 +116,48 @@ COUPLINGS: tuple[Coupling, ...] = (
         used_in="omni_ext.api.videos",
         params=("fps", "video_codec_options", "frame_converter", "audio", "audio_sample_rate"),
     ),
+    Coupling(
+        name="vllm_omni.entrypoints.openai.video.generation.helpers:_reference_video_decode_spec",
+        kind="function",
+        why="A request's video_reference is decoded as vLLM-Omni's /v1/videos route decodes it (the frames the "
+            "pipeline keeps).",
+        used_in="omni_ext.api.videos",
+        params=("req", "stage_configs"),
+    ),
+    Coupling(
+        name="vllm_omni.entrypoints.openai.video.generation.helpers:_cleanup_video_references",
+        kind="function",
+        why=(
+            "Removes the temporary files of a request's reference video and audio, its control_reference and its "
+            "latent-edit sources when the generation ends (omni_ext.api.intake.Uploads.cleanup), as vLLM-Omni's "
+            "own route does; without it every such request would leave its files in the temp directory."
+        ),
+        used_in="omni_ext.api.videos, omni_ext.api.intake",
+        params=("reference_video", "reference_audio", "control_path", "latent_edit_input"),
+    ),
     *_used_together(
-        "A request's video_reference and audio_reference are decoded as vLLM-Omni's /v1/videos route decodes "
-        "them (the frames the pipeline keeps), and their temporary files removed when the generation ends.",
-        "omni_ext.api.videos",
-        ("vllm_omni.entrypoints.openai.video.generation.helpers:_reference_video_decode_spec", "function",
-         ("req", "stage_configs")),
-        ("vllm_omni.entrypoints.openai.video.generation.helpers:_cleanup_video_references", "function",
-         ("reference_video", "reference_audio")),
+        "The uploads of /v1/videos beside input_reference (input_references, control_reference with control_type, "
+        "latent-mask editing's source_video, source_audio, video_noise_mask, audio_noise_mask) are checked and "
+        "persisted by vLLM-Omni's own route helpers (omni_ext.api.intake.with_uploads), so that omni-ext's route "
+        "takes, refuses (status and message) and hands over to the generation call exactly what vLLM-Omni's "
+        "own route does. Without them every such upload would be refused.",
+        "omni_ext.api.intake",
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_read_latent_edit_mask_json", "function",
+         ("value", "field_name")),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_validate_latent_edit_inputs", "function",
+         ("handler", "source_video", "source_audio", "video_noise_mask", "audio_noise_mask")),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_validate_control_upload", "function",
+         ("handler", "request", "control_reference", "control_type")),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_attach_control_upload", "function",
+         ("request", "control_type", "control_path")),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_persist_uploaded_video_references", "function",
+         ("uploads",)),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_persist_uploaded_media_references", "function",
+         ("uploads",)),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_persist_uploaded_control_reference", "function",
+         ("upload",)),
+        ("vllm_omni.entrypoints.openai.video.generation.helpers:_persist_latent_edit_source", "function",
+         ("upload", "field_name")),
     ),
     # ---- /v1/images (omni_ext.api.images) --------------------------------------------------------
     *_used_together(
