@@ -124,10 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("make-tiny-model", help="build a tiny random-weight pipeline offline (diffusers format)")
-    p.add_argument("model", choices=["wan2.1-t2v", "qwen-image"])
+    from omni_ext.models import tiny
+
+    p.add_argument("model", choices=tiny.MODELS)
     p.add_argument("out_dir")
-    p.add_argument("--size", choices=["tiny", "small", "med"], default="tiny")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--size", choices=tiny.SIZES, default="tiny")
+    p.add_argument("--dtype", choices=tiny.DTYPES, default="bfloat16")
     p.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     p.set_defaults(func=_cmd_make_tiny_model)
 

@@ -57,6 +57,15 @@ def test_qwen_image_runs_cfg_only_with_a_negative_prompt() -> None:
     assert needs_cfg("QwenImagePipeline", {"prompt": "x", "negative_prompt": "y"}, sp(true_cfg_scale=1.0)) is False
 
 
+@pytest.mark.parametrize("pipeline", ["QwenImageEditPipeline", "QwenImageEditPlusPipeline"])
+def test_qwen_image_edit_runs_cfg_by_the_qwen_image_rule(pipeline) -> None:
+    """vLLM-Omni's edit forwards: do_true_cfg = (true_cfg_scale or 4.0) > 1 and negative_prompt is not None."""
+    assert needs_cfg(pipeline, {"prompt": "x"}, sp()) is False
+    assert needs_cfg(pipeline, {"prompt": "x", "negative_prompt": " "}, sp()) is True
+    assert needs_cfg(pipeline, {"prompt": "x", "negative_prompt": "y"}, sp(true_cfg_scale=1.0)) is False
+    assert family_of(pipeline).splits_cfg_groups  # type: ignore[union-attr]
+
+
 def test_unknown_model_takes_the_whole_cfg_group() -> None:
     assert needs_cfg("SomeNewPipeline", {}, sp(guidance_scale=1.0, guidance_scale_provided=True)) is True
 
@@ -82,10 +91,15 @@ def test_tuned_and_cancellable_classes_come_from_the_table() -> None:
     tuned = families.tuned_pipelines()
     assert tuned["WanPipeline"].endswith(":TunedWan22Pipeline")
     assert tuned["QwenImagePipeline"].endswith(":TunedQwenImagePipeline")
-    assert "WanImageToVideoPipeline" not in tuned
-    assert set(families.cancellable_classes()) == {
+    assert tuned["QwenImageEditPipeline"].endswith(":TunedQwenImageEditPipeline")
+    assert tuned["QwenImageEditPlusPipeline"].endswith(":TunedQwenImageEditPlusPipeline")
+    assert tuned["WanImageToVideoPipeline"].endswith(":TunedWan22I2VPipeline")
+    assert set(families.cancellable_classes()) >= {
         "vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2:Wan22Pipeline",
+        "vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2_i2v:Wan22I2VPipeline",
         "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline",
+        "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit:QwenImageEditPipeline",
+        "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit_plus:QwenImageEditPlusPipeline",
     }
 
 
@@ -100,13 +114,12 @@ def test_the_table_names_real_vllm_omni_and_omni_ext_classes() -> None:
 
 
 def test_tiny_models_resolve_to_their_family(tmp_path) -> None:
-    from omni_ext.models.tiny import MODELS, build_tiny_model
+    from omni_ext.models.tiny import MODELS, PIPELINES, build_tiny_model
 
-    expected = {"wan2.1-t2v": "wan2.x-t2v", "qwen-image": "qwen-image"}
-    assert set(expected) == set(MODELS)
-    for model, family in expected.items():
+    for model in MODELS:  # each tiny model is built as the class PIPELINES names, which has a tuned family
         index = json.loads((build_tiny_model(model, tmp_path / model) / "model_index.json").read_text())
-        assert family_of(index["_class_name"]).name == family  # type: ignore[union-attr]
+        assert index["_class_name"] == PIPELINES[model]
+        assert family_of(index["_class_name"]).tuned_class, model  # type: ignore[union-attr]
 
 
 def test_tuned_classes_answer_name_lookups_as_their_vllm_omni_class() -> None:
@@ -120,3 +133,8 @@ def test_tuned_classes_answer_name_lookups_as_their_vllm_omni_class() -> None:
     assert TunedWan22Pipeline.__name__ == "Wan22Pipeline" and TunedWan22Pipeline.__qualname__ == "TunedWan22Pipeline"
     assert CUSTOM_DIT_ENABLERS[TunedWan22Pipeline.__name__].__name__ == "enable_cache_for_wan22"
     assert TunedQwenImagePipeline.__name__ == "QwenImagePipeline"
+    from omni_ext.executor.pipelines import TunedQwenImageEditPipeline, TunedQwenImageEditPlusPipeline
+
+    assert TunedQwenImageEditPipeline.__name__ == "QwenImageEditPipeline"
+    assert TunedQwenImageEditPlusPipeline.__name__ == "QwenImageEditPlusPipeline"
+    assert TunedQwenImageEditPlusPipeline.__qualname__ == "TunedQwenImageEditPlusPipeline"

@@ -22,6 +22,8 @@ from omni_ext.models.tiny import (  # noqa: E402
     INFO_FILE,
     MODELS,
     PIPELINES,
+    QWEN_IMAGE_EDIT_TEMPLATE_PREFIX,
+    QWEN_IMAGE_EDIT_TEMPLATE_TOKENS,
     QWEN_IMAGE_PROMPT_TEMPLATE,
     QWEN_IMAGE_TEMPLATE_TOKENS,
     SIZES,
@@ -52,8 +54,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pat
 
 
 def test_api_constants() -> None:
-    assert MODELS == ("wan2.1-t2v", "qwen-image")
-    assert PIPELINES == {"wan2.1-t2v": "WanPipeline", "qwen-image": "QwenImagePipeline"}
+    assert MODELS == ("wan2.1-t2v", "wan2.2-i2v", "wan2.2-ti2v", "qwen-image", "qwen-image-edit", "qwen-image-edit-plus")
+    assert PIPELINES == {"wan2.1-t2v": "WanPipeline", "wan2.2-i2v": "WanImageToVideoPipeline",
+                         "wan2.2-ti2v": "WanPipeline", "qwen-image": "QwenImagePipeline",
+                         "qwen-image-edit": "QwenImageEditPipeline", "qwen-image-edit-plus": "QwenImageEditPlusPipeline"}
     assert SIZES == ("tiny", "small", "med")
 
 
@@ -97,6 +101,22 @@ def test_rebuild_is_byte_identical(built: dict[str, tuple[Path, Path]], model: s
                 "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
             },
         ),
+        *(
+            (
+                model,
+                {
+                    "_class_name": cls,
+                    "transformer": ["diffusers", "QwenImageTransformer2DModel"],
+                    "vae": ["diffusers", "AutoencoderKLQwenImage"],
+                    "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+                    "tokenizer": ["transformers", "Qwen2Tokenizer"],
+                    "processor": ["transformers", "Qwen2VLProcessor"],
+                    "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+                },
+            )
+            for model, cls in (("qwen-image-edit", "QwenImageEditPipeline"),
+                               ("qwen-image-edit-plus", "QwenImageEditPlusPipeline"))
+        ),
     ],
 )
 def test_layout_and_class_names(built: dict[str, tuple[Path, Path]], model: str, layout: dict) -> None:
@@ -104,7 +124,7 @@ def test_layout_and_class_names(built: dict[str, tuple[Path, Path]], model: str,
     index = json.loads((path / "model_index.json").read_text())
     for key, value in layout.items():
         assert index[key] == value
-    for sub in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler"):
+    for sub in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler") + (("processor",) if "processor" in layout else ()):
         assert (path / sub).is_dir()
     assert (path / "tokenizer" / "tokenizer.json").is_file()
     assert model_info(path) == {"pipeline": layout["_class_name"], "model": model, "size": "tiny", "dtype": "bfloat16"}
@@ -236,6 +256,66 @@ def test_qwen_image_generation(built: dict[str, tuple[Path, Path]]) -> None:
         output_type="np",
     ).images
     assert images.shape == (1, 32, 32, 3)
+    _finite_nondegenerate(images)
+
+
+def _picture(seed: int, side: int = 64):
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((np.random.default_rng(seed).random((side, side, 3)) * 255).astype("uint8"))
+
+
+EDIT_MODELS = ("qwen-image-edit", "qwen-image-edit-plus")
+
+
+@pytest.mark.parametrize("model", EDIT_MODELS)
+def test_qwen_edit_template_prefix_is_64_tokens(built: dict[str, tuple[Path, Path]], model: str) -> None:
+    """The edit pipelines drop the first 64 tokens (the system turn and ``<|im_start|>user\\n``), as the
+    real tokenizer encodes them; the prompt's own tokens (and the image's, for Qwen-Image-Edit) follow."""
+    from transformers import Qwen2Tokenizer, Qwen2VLProcessor
+
+    path = built[model][0]
+    # As vLLM-Omni's pipelines load them (from_pretrained_with_prefetch(..., subfolder="processor", ...)).
+    processor = Qwen2VLProcessor.from_pretrained(str(path), subfolder="processor", local_files_only=True)
+    tok = Qwen2Tokenizer.from_pretrained(str(path), subfolder="tokenizer", local_files_only=True)
+    pipe = getattr(diffusers, PIPELINES[model]).from_pretrained(path, dtype=torch.float32)
+    assert pipe.prompt_template_encode_start_idx == QWEN_IMAGE_EDIT_TEMPLATE_TOKENS == 64
+    template = pipe.prompt_template_encode
+    assert template.startswith(QWEN_IMAGE_EDIT_TEMPLATE_PREFIX)
+    for t in (tok, processor.tokenizer):
+        ids = t(QWEN_IMAGE_EDIT_TEMPLATE_PREFIX)["input_ids"]
+        assert len(ids) == 64
+        full = t(template.format("a red cat"))["input_ids"]
+        assert full[:64] == ids
+        assert t.decode(full[64:]) == template[len(QWEN_IMAGE_EDIT_TEMPLATE_PREFIX):].format("a red cat")
+    assert processor.image_processor.patch_size == pipe.text_encoder.config.vision_config.patch_size == 14
+    assert processor.image_processor.merge_size == pipe.text_encoder.config.vision_config.spatial_merge_size == 2
+
+
+@pytest.mark.parametrize("model", EDIT_MODELS)
+def test_qwen_image_edit_generation(built: dict[str, tuple[Path, Path]], model: str) -> None:
+    pipe = getattr(diffusers, PIPELINES[model]).from_pretrained(built[model][0], dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    plus = model.endswith("-plus")
+    # The vision tower reads the reference image: the prompt's embeddings (the 64-token prefix dropped)
+    # hold its tokens and change with it.
+    embeds = [pipe.encode_prompt("a red cat", image=[_picture(s)] if plus else _picture(s), device="cpu")[0]
+              for s in (0, 1)]
+    assert embeds[0].shape == embeds[1].shape and embeds[0].shape[1] > 8
+    assert not torch.equal(embeds[0], embeds[1])
+    images = pipe(
+        image=_picture(0),
+        prompt="make the cat red",
+        negative_prompt="blurry",
+        true_cfg_scale=4.0,
+        height=64,
+        width=64,
+        num_inference_steps=2,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+    ).images
+    assert images.shape == (1, 64, 64, 3)
     _finite_nondegenerate(images)
 
 

@@ -48,8 +48,8 @@ def limits_for_model(model: str, pipeline: str | None = None) -> ModelLimits:
     """The limits of the model at ``model`` (a folder or a hub id). ``pipeline``: the class vLLM-Omni's
     stage runs it as (its ``model_class_name``, which a registered topology may give: FastWan's
     ``WanDMDPipeline`` runs as ``WanPipeline``); default: ``model_index.json``'s ``_class_name``."""
+    index = registry.model_index(model)
     if pipeline is None:
-        index = registry.model_index(model)
         pipeline = index.get("_class_name") if isinstance(index.get("_class_name"), str) else None
     vae = registry.model_json(model, "vae/config.json")
     transformer = registry.model_json(model, "transformer/config.json")
@@ -61,7 +61,14 @@ def limits_for_model(model: str, pipeline: str | None = None) -> ModelLimits:
     facts = registry.facts_of(pipeline) if pipeline else None
     return ModelLimits(pipeline=pipeline, spatial_multiple=multiple, min_steps=min_steps,
                        is_video=(facts.output if facts else registry.output_type(pipeline)) == "video",
-                       image_input=bool(facts and facts.image_input))
+                       image_input=bool(facts and facts.image_input) or _conditions_on_image(index))
+
+
+def _conditions_on_image(index: dict[str, Any]) -> bool:
+    """A model whose pipeline class declares no image input but conditions on one per model: vLLM-Omni's
+    ``Wan22Pipeline`` reads ``expand_timesteps`` from ``model_index.json`` (Wan2.2-TI2V-5B) and then runs
+    image-to-video whenever a request carries an image."""
+    return bool(index.get("expand_timesteps"))
 
 
 def check_sampling_params(params: Any, limits: ModelLimits) -> None:

@@ -1,4 +1,4 @@
-"""Worker-side pipeline support for the tuned executor: Wan2.1/2.2 and Qwen-Image subclasses.
+"""Worker-side pipeline support for the tuned executor: Wan2.1/2.2 (text- and image-to-video) and Qwen-Image subclasses.
 
 They are registered (vLLM-Omni's ``register_diffusion_model``, same architecture key, the names
 :func:`omni_ext.models.families.tuned_pipelines` lists) only inside the tuned executor's worker
@@ -14,8 +14,8 @@ one device). Inside a pair job:
   parallel each rank runs only its own branch). Wan does this only when every step runs CFG.
 - Denoising: unchanged, vLLM-Omni's one all-gather of the noise prediction per step.
 - Wan VAE decode: divided between the ranks (:mod:`omni_ext.executor.vae_pipeline`); the video ends
-  on CFG rank 1. Qwen-Image (one frame, nothing to pipeline): only rank 0 decodes, rank 1 returns
-  as soon as the denoise loop ends and is free for the next job.
+  on CFG rank 1. Qwen-Image and Qwen-Image-Edit(-Plus) (one frame, nothing to pipeline): only rank 0
+  decodes, rank 1 returns as soon as the denoise loop ends and is free for the next job.
 """
 
 from __future__ import annotations
@@ -113,7 +113,16 @@ from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import (  # noqa: E402
 )
 
 
-class TunedWan22Pipeline(_TunedCfgMixin, Wan22Pipeline):
+class _TunedWanMixin(_TunedCfgMixin):
+    """The Wan split, shared by text-to-video (``Wan22Pipeline``, also TI2V-5B's image mode) and
+    image-to-video (``Wan22I2VPipeline``): both encode text with the same ``encode_prompt``, set
+    ``_guidance_scale``/``_guidance_scale_2`` before encoding, and decode with ``vae.decode``.
+
+    The image conditioning of image-to-video (the VAE encode of the reference, CLIP embeddings for
+    Wan2.1 I2V) feeds both guidance branches identically, so each CFG rank computes it for itself:
+    sending it from one rank would cost a transfer of the same size as the work it saves.
+    """
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         vae = getattr(self, "vae", None)
@@ -169,6 +178,21 @@ class TunedWan22Pipeline(_TunedCfgMixin, Wan22Pipeline):
         return torch.zeros_like(own), own  # never used: rank 1 runs only the negative branch
 
 
+class TunedWan22Pipeline(_TunedWanMixin, Wan22Pipeline):
+    pass
+
+
+from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2_i2v import (  # noqa: E402
+    Wan22I2VPipeline,
+    get_wan22_i2v_post_process_func,  # noqa: F401
+    get_wan22_i2v_pre_process_func,  # noqa: F401
+)
+
+
+class TunedWan22I2VPipeline(_TunedWanMixin, Wan22I2VPipeline):
+    pass
+
+
 # ----------------------------------------------------------------------------------------------
 # Qwen-Image
 # ----------------------------------------------------------------------------------------------
@@ -176,6 +200,30 @@ from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import (  # noqa:
     QwenImagePipeline,
     get_qwen_image_post_process_func,  # noqa: F401
 )
+
+
+def _qwen_placeholder(pipe, prompt, num_images_per_prompt: int, max_sequence_length: int | None, prompt_name: str):
+    """What a split CFG rank's Qwen-Image(-Edit) ``encode_prompt`` returns for the branch it never runs: a
+    placeholder of the right batch and dtype, length 1. The branch's prompt is still held to vLLM-Omni's
+    token bound (the same check, on the tokenizer alone): were only its own rank to refuse an over-long
+    prompt, the partner would wait for it in the next all-gather for good."""
+    from vllm_omni.diffusion.utils.prompt_utils import validate_prompt_sequence_lengths
+
+    _log_split()
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    template = pipe.prompt_template_encode
+    tokens = pipe.tokenizer([template.format(p) for p in prompts], padding=True, truncation=False, return_tensors="pt")
+    baseline = pipe.tokenizer([template.format("")], padding=True, truncation=False, return_tensors="pt")
+    validate_prompt_sequence_lengths(
+        tokens.attention_mask, max_sequence_length=max_sequence_length or pipe.tokenizer_max_length,
+        supported_max_sequence_length=pipe.tokenizer_max_length, prompt_name=prompt_name,
+        baseline_attention_mask=baseline.attention_mask, error_context="after applying the Qwen prompt template",
+    )
+    n = len(prompts) * num_images_per_prompt
+    return (
+        torch.zeros(n, 1, 1, dtype=pipe.text_encoder.dtype, device=pipe.device),
+        torch.ones(n, 1, dtype=torch.long, device=pipe.device),
+    )
 
 
 class TunedQwenImagePipeline(_TunedCfgMixin, QwenImagePipeline):
@@ -206,13 +254,7 @@ class TunedQwenImagePipeline(_TunedCfgMixin, QwenImagePipeline):
     ):
         mine = "prompt" if ROLE.cfg_rank == 0 else "negative_prompt"
         if self._omx_split and prompt_embeds is None and prompt_name != mine:
-            _log_split()
-            n = (1 if isinstance(prompt, str) else len(prompt)) * num_images_per_prompt
-            # Placeholder for the branch this rank never runs: right batch and dtype, length 1.
-            return (
-                torch.zeros(n, 1, 1, dtype=self.text_encoder.dtype, device=self.device),
-                torch.ones(n, 1, dtype=torch.long, device=self.device),
-            )
+            return _qwen_placeholder(self, prompt, num_images_per_prompt, max_sequence_length, prompt_name)
         return super().encode_prompt(
             prompt, num_images_per_prompt, prompt_embeds, prompt_embeds_mask, max_sequence_length, prompt_name
         )
@@ -226,12 +268,107 @@ class TunedQwenImagePipeline(_TunedCfgMixin, QwenImagePipeline):
         return super()._decode_latents(latents, height, width, output_type)
 
 
+# ----------------------------------------------------------------------------------------------
+# Qwen-Image-Edit (-2509/-2511: Plus)
+# ----------------------------------------------------------------------------------------------
+from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import (  # noqa: E402
+    QwenImageEditPipeline,
+    get_qwen_image_edit_post_process_func,  # noqa: F401
+    get_qwen_image_edit_pre_process_func,  # noqa: F401
+)
+from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit_plus import (  # noqa: E402
+    QwenImageEditPlusPipeline,
+    get_qwen_image_edit_plus_post_process_func,  # noqa: F401
+    get_qwen_image_edit_plus_pre_process_func,  # noqa: F401
+)
+
+
+class _TunedQwenImageEditMixin(_TunedCfgMixin):
+    """The Qwen-Image split for the edit pipelines, whose one ``forward`` runs the whole request; the
+    hooks are where it calls out:
+
+    - ``check_cfg_parallel_validity(true_cfg_scale, has_neg_prompt)``: ``forward`` calls it with the
+      inputs of its own ``do_true_cfg`` just before it encodes the prompts, so this is where a pair
+      job learns whether it splits.
+    - ``encode_prompt``: the Qwen2.5-VL encoder reads the prompt together with the reference image(s);
+      in a split pair each rank encodes only its own branch, the other gets a placeholder.
+    - The reference image's VAE latents (``prepare_latents``, unchanged) condition both branches
+      identically, so both ranks compute them: sending them from one rank would cost about what
+      encoding them does.
+    - ``self.vae.decode`` (inline in ``forward``): wrapped on the VAE instance, so CFG rank 1 of a split
+      pair returns an empty output instead of decoding; rank 0 decodes and returns the image.
+    """
+
+    _omx_split = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        vae = getattr(self, "vae", None)
+        if vae is None:
+            return
+        stock_decode = vae.decode
+
+        def decode(z, return_dict: bool = True):
+            if not (self._omx_split and ROLE.cfg_rank != 0 and not _vae_parallel(self.od_config)):
+                return stock_decode(z, return_dict=return_dict)
+            ROLE.owner = False
+            # (batch, 0 channels, frames, h, w): nothing allocated, and forward's [:, :, 0] still applies.
+            out = torch.empty(z.shape[0], 0, *z.shape[2:], dtype=z.dtype, device=z.device)
+            if return_dict:
+                from diffusers.models.autoencoders.vae import DecoderOutput
+
+                return DecoderOutput(sample=out)
+            return (out,)
+
+        vae.decode = decode
+
+    def forward(self, req):
+        self._omx_split = False
+        try:
+            return super().forward(req)
+        finally:
+            self._omx_split = False
+
+    def check_cfg_parallel_validity(self, true_cfg_scale: float, has_neg_prompt: bool):
+        self._omx_split = pair_active() and true_cfg_scale > 1 and bool(has_neg_prompt)
+        return super().check_cfg_parallel_validity(true_cfg_scale, has_neg_prompt)
+
+    def encode_prompt(
+        self,
+        prompt,
+        image=None,
+        num_images_per_prompt: int = 1,
+        prompt_embeds=None,
+        prompt_embeds_mask=None,
+        max_sequence_length: int = 1024,
+        prompt_name: str = "prompt",
+    ):
+        mine = "prompt" if ROLE.cfg_rank == 0 else "negative_prompt"
+        if self._omx_split and prompt_embeds is None and prompt_name != mine:
+            return _qwen_placeholder(self, prompt, num_images_per_prompt, max_sequence_length, prompt_name)
+        return super().encode_prompt(
+            prompt, image=image, num_images_per_prompt=num_images_per_prompt, prompt_embeds=prompt_embeds,
+            prompt_embeds_mask=prompt_embeds_mask, max_sequence_length=max_sequence_length, prompt_name=prompt_name,
+        )
+
+
+class TunedQwenImageEditPipeline(_TunedQwenImageEditMixin, QwenImageEditPipeline):
+    pass
+
+
+class TunedQwenImageEditPlusPipeline(_TunedQwenImageEditMixin, QwenImageEditPlusPipeline):
+    pass
+
+
 # vLLM-Omni's cache backends (cache-dit's model-specific enablers, the step cache, SeaCache) pick a model's
 # set-up by ``type(pipeline).__name__``. A tuned subclass answers with its vLLM-Omni class's name, so that it
 # gets the same set-up as that class (cache-dit's Wan2.2 enabler, not the generic one); its qualified name
 # (repr, tracebacks) stays its own.
 TunedWan22Pipeline.__name__ = Wan22Pipeline.__name__
+TunedWan22I2VPipeline.__name__ = Wan22I2VPipeline.__name__
 TunedQwenImagePipeline.__name__ = QwenImagePipeline.__name__
+TunedQwenImageEditPipeline.__name__ = QwenImageEditPipeline.__name__
+TunedQwenImageEditPlusPipeline.__name__ = QwenImageEditPlusPipeline.__name__
 
 
 def register_tuned_pipelines() -> list[str]:

@@ -151,6 +151,9 @@ FAMILIES: tuple[ModelFamily, ...] = (
         native=_WAN_NATIVE,
         cfg_rule="wan",
         default_guidance=5.0,
+        vllm_omni_class="vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2_i2v:Wan22I2VPipeline",
+        tuned_class="omni_ext.executor.pipelines:TunedWan22I2VPipeline",
+        cancellable=True,
     ),
     ModelFamily(
         name="qwen-image",
@@ -165,10 +168,30 @@ FAMILIES: tuple[ModelFamily, ...] = (
         topology="omni-ext",
     ),
     ModelFamily(
+        # Qwen-Image-Edit and -Edit-Plus (2509, 2511) are two families only because each family has one
+        # vLLM-Omni class and one tuned class: same rule, cost and cancellation.
         name="qwen-image-edit",
         kind="image",
-        pipelines=("QwenImageEditPipeline", "QwenImageEditPlusPipeline"),
+        pipelines=("QwenImageEditPipeline",),
         native=NativeShape(width=1024, height=1024, steps=50),
+        cfg_rule="qwen-image",
+        default_guidance=4.0,
+        vllm_omni_class="vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit:QwenImageEditPipeline",
+        tuned_class="omni_ext.executor.pipelines:TunedQwenImageEditPipeline",
+        cancellable=True,
+    ),
+    ModelFamily(
+        name="qwen-image-edit-plus",
+        kind="image",
+        pipelines=("QwenImageEditPlusPipeline",),
+        native=NativeShape(width=1024, height=1024, steps=50),
+        cfg_rule="qwen-image",
+        default_guidance=4.0,
+        vllm_omni_class=(
+            "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit_plus:QwenImageEditPlusPipeline"
+        ),
+        tuned_class="omni_ext.executor.pipelines:TunedQwenImageEditPlusPipeline",
+        cancellable=True,
     ),
     ModelFamily(
         name="flux-kontext",
@@ -210,7 +233,7 @@ def needs_cfg(pipeline: str | None, prompt: Any, sp: Any) -> bool:
     """Whether a request runs two guidance branches (and so can use a whole CFG group).
 
     Mirrors each pipeline's own test: Wan runs CFG when either guidance scale exceeds 1;
-    Qwen-Image only when ``true_cfg_scale > 1`` *and* a negative prompt is given. Unknown models:
+    Qwen-Image and Qwen-Image-Edit(-Plus) only when ``true_cfg_scale > 1`` *and* a negative prompt is given. Unknown models:
     True (vLLM-Omni's own behaviour: the request takes the whole CFG group).
     """
     family = family_of(pipeline)

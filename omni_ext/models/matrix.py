@@ -30,9 +30,10 @@ REGENERATE = "omni-ext models --markdown > docs/models.md"
 
 
 def tiny_model_of(key: str) -> str | None:
-    """The tiny model (:data:`~omni_ext.models.tiny.MODELS`) built as pipeline class ``key``, or served
-    relabelled as it (:data:`~omni_ext.models.tiny.RELABELLED`), if any."""
-    built = next((m for m in MODELS if PIPELINES.get(m) == key), None)
+    """The tiny models (:data:`~omni_ext.models.tiny.MODELS`) built as pipeline class ``key`` (comma
+    separated: ``WanPipeline`` is both Wan2.1 T2V and TI2V-5B), or served relabelled as it
+    (:data:`~omni_ext.models.tiny.RELABELLED`), if any."""
+    built = ", ".join(m for m in MODELS if PIPELINES.get(m) == key)
     return built or (f"{RELABELLED[key]} (relabelled)" if key in RELABELLED else None)
 
 

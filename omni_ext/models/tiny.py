@@ -29,16 +29,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODELS", "PIPELINES", "RELABELLED", "SIZES", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info"]
+__all__ = ["MODELS", "PIPELINES", "RELABELLED", "TAKES_IMAGE", "SIZES", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info"]
 
-MODELS: tuple[str, ...] = ("wan2.1-t2v", "qwen-image")
+MODELS: tuple[str, ...] = ("wan2.1-t2v", "wan2.2-i2v", "wan2.2-ti2v", "qwen-image", "qwen-image-edit",
+                          "qwen-image-edit-plus")
 #: The pipeline class each tiny model is built as (its ``model_index.json`` ``_class_name``, the
 #: vLLM-Omni registry key it is served by): what ``omni-ext models`` says each class is tested on.
-PIPELINES: dict[str, str] = {"wan2.1-t2v": "WanPipeline", "qwen-image": "QwenImagePipeline"}
+PIPELINES: dict[str, str] = {"wan2.1-t2v": "WanPipeline", "wan2.2-i2v": "WanImageToVideoPipeline",
+                             "wan2.2-ti2v": "WanPipeline", "qwen-image": "QwenImagePipeline",
+                             "qwen-image-edit": "QwenImageEditPipeline",
+                             "qwen-image-edit-plus": "QwenImageEditPlusPipeline"}
 #: Other registered classes on a tiny model's architecture: the suite serves the tiny model relabelled as
 #: each (its ``model_index.json`` ``_class_name``; tests/test_registry_models.py), class -> tiny model.
 RELABELLED: dict[str, str] = {"WanDMDPipeline": "wan2.1-t2v", "WanT2VDMD2Pipeline": "wan2.1-t2v",
                               "QwenImageDMD2Pipeline": "qwen-image"}
+#: Tiny models whose requests carry a reference image (benchmarks send one with each request).
+TAKES_IMAGE: tuple[str, ...] = ("wan2.2-i2v", "wan2.2-ti2v")
 SIZES: tuple[str, ...] = ("tiny", "small", "med")
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 
@@ -51,6 +57,7 @@ _INFO_FORMAT = 1
 _SEED_TEXT_ENCODER = 1000
 _SEED_TRANSFORMER = 2000
 _SEED_VAE = 3000
+_SEED_TRANSFORMER_2 = 2001  # Wan2.2 A14B's low-noise expert
 
 # ---------------------------------------------------------------------------------------------------
 # Size presets. Only the denoising transformer scales with ``size`` (it is what step-time benchmarks
@@ -98,6 +105,33 @@ QWEN_IMAGE_PROMPT_TEMPLATE = (
     "<|im_end|>\n<|im_start|>assistant\n"
 )
 QWEN_IMAGE_TEMPLATE_TOKENS = 34
+
+#: The system turn and user-turn opening of the prompt template of QwenImageEditPipeline and
+#: QwenImageEditPlusPipeline (diffusers' and vLLM-Omni's): both drop the first
+#: ``prompt_template_encode_start_idx`` (= 64) tokens, which the real tokenizer makes of exactly this
+#: text (then come the image's vision tokens and the user's prompt). The edit models' tokenizer learns
+#: each of its pre-tokenizer pieces (``" ("``, ``"),"``, ``"'s"``, the words) as one token, so it
+#: encodes to exactly 64 tokens, as the real one does.
+QWEN_IMAGE_EDIT_TEMPLATE_PREFIX = (
+    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
+    "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
+    "image that meets the user's requirements while maintaining consistency with the original input where "
+    "appropriate.<|im_end|>\n<|im_start|>user\n"
+)
+QWEN_IMAGE_EDIT_TEMPLATE_TOKENS = 64
+
+#: Qwen2.5-VL's image preprocessing, as in the ``processor/preprocessor_config.json`` of Qwen/Qwen-Image-Edit
+#: (14-pixel patches, 2x2 merge, 2-frame temporal patches, CLIP mean/std, 56x56 to 3584x3584 pixels); the
+#: tiny text encoder's vision tower is configured to match.
+_QWEN_VL_IMAGE_PROCESSOR: dict[str, Any] = {
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "min_pixels": 3136,
+    "max_pixels": 12845056,
+}
 
 # Whole-word vocabulary shared by both tokenizers. Hand-written (no corpus download): common English
 # words, typical prompt words, and every word of the Qwen-Image template so that it tokenizes like the
@@ -163,7 +197,7 @@ def build_t5_tokenizer() -> Any:
     return T5Tokenizer(vocab=list(pieces.items()), extra_ids=0, model_max_length=512)
 
 
-def build_qwen2_tokenizer() -> Any:
+def build_qwen2_tokenizer(texts: tuple[str, ...] = ()) -> Any:
     """A byte-level BPE ``Qwen2Tokenizer`` with the real Qwen pre-tokenizer and special tokens.
 
     Why: QwenImagePipeline hard-codes ``prompt_template_encode_start_idx = 34``, i.e. it assumes the
@@ -171,7 +205,13 @@ def build_qwen2_tokenizer() -> Any:
     on our word list in the forms the pre-tokenizer produces (``word``, `` word``, ``Word``,
     `` Word``) until each is one token, so the template prefix encodes to exactly 34 tokens and the
     pipeline drops exactly the template. Anything else still encodes, byte by byte if need be.
+
+    ``texts``: more template text to learn, each of its pre-tokenizer pieces as one token (its special
+    tokens left out): the edit models' system prompt (:data:`QWEN_IMAGE_EDIT_TEMPLATE_PREFIX`). None by
+    default, so the Qwen-Image tokenizer is unchanged.
     """
+    import re
+
     from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
@@ -197,6 +237,8 @@ def build_qwen2_tokenizer() -> Any:
     for word in _words():
         for form in (word, word.capitalize()):
             corpus.extend((form, " " + form))
+    special = re.compile("|".join(re.escape(t) for t in _QWEN_SPECIAL_TOKENS))
+    corpus.extend(part for text in texts for part in special.split(text) if part)
     bpe.train_from_iterator(corpus, trainer=trainer)
 
     model_json = json.loads(bpe.to_str())["model"]
@@ -253,16 +295,19 @@ def wan_vae() -> Any:
     )
 
 
-def wan_transformer(size: str) -> Any:
-    """The tiny Wan transformer of preset ``size`` (also built alone by ``omni_ext.device_probe``)."""
+def wan_transformer(size: str, *, in_channels: int = 16, out_channels: int = 16, seed: int = _SEED_TRANSFORMER) -> Any:
+    """The tiny Wan transformer of preset ``size`` (also built alone by ``omni_ext.device_probe``).
+
+    The channel counts are the real models': 16/16 for T2V, 36/16 for I2V (16 noise + 4 mask + 16
+    image-latent channels), 48/48 for TI2V-5B (the Wan2.2 VAE's z_dim)."""
     from diffusers import WanTransformer3DModel
 
     return _seeded(
-        _SEED_TRANSFORMER,
+        seed,
         lambda: WanTransformer3DModel(
             patch_size=(1, 2, 2),
-            in_channels=16,
-            out_channels=16,
+            in_channels=in_channels,
+            out_channels=out_channels,
             text_dim=_TEXT_DIM,
             freq_dim=256,
             cross_attn_norm=True,
@@ -270,6 +315,34 @@ def wan_transformer(size: str) -> Any:
             eps=1e-6,
             rope_max_seq_len=1024,
             **_WAN_TRANSFORMER[size],
+        ),
+    )
+
+
+def wan22_vae() -> Any:
+    """The tiny Wan2.2 VAE of TI2V-5B: residual, 2x2 patchified input (12 channels), z_dim 48, 16x
+    spatial and 4x temporal compression, as in Wan-AI/Wan2.2-TI2V-5B-Diffusers. Its latent statistics
+    are 0/1 (the real ones are measured on real videos, meaningless for random weights)."""
+    from diffusers import AutoencoderKLWan
+
+    return _seeded(
+        _SEED_VAE,
+        lambda: AutoencoderKLWan(
+            base_dim=8,
+            decoder_base_dim=8,
+            z_dim=48,
+            dim_mult=[1, 2, 2, 2],
+            num_res_blocks=1,
+            attn_scales=[],
+            temperal_downsample=[False, True, True],
+            is_residual=True,
+            in_channels=12,
+            out_channels=12,
+            patch_size=2,
+            scale_factor_spatial=16,
+            scale_factor_temporal=4,
+            latents_mean=[0.0] * 48,
+            latents_std=[1.0] * 48,
         ),
     )
 
@@ -291,8 +364,12 @@ def wan_scheduler() -> Any:
     )
 
 
-def _wan_components(size: str) -> dict[str, Any]:
-    """WanPipeline parts named and wired as in Wan-AI/Wan2.1-T2V-1.3B-Diffusers, at toy size."""
+def _wan_components(size: str, model: str = "wan2.1-t2v") -> dict[str, Any]:
+    """Wan parts named and wired as in the real Diffusers repos, at toy size: ``wan2.1-t2v`` as
+    Wan-AI/Wan2.1-T2V-1.3B (WanPipeline); ``wan2.2-i2v`` as Wan-AI/Wan2.2-I2V-A14B (WanImageToVideoPipeline:
+    two experts switched at ``boundary_ratio`` 0.9, the image enters as VAE latents, no CLIP encoder);
+    ``wan2.2-ti2v`` as Wan-AI/Wan2.2-TI2V-5B (WanPipeline with ``expand_timesteps``: text-to-video, or
+    image-to-video when a request carries an image; the Wan2.2 VAE)."""
     from transformers import UMT5Config, UMT5EncoderModel
 
     tokenizer = build_t5_tokenizer()
@@ -313,24 +390,29 @@ def _wan_components(size: str) -> dict[str, Any]:
         tie_word_embeddings=False,
     )
     text_encoder = _seeded(_SEED_TEXT_ENCODER, lambda: UMT5EncoderModel(te_config))
-    transformer = wan_transformer(size)
-    vae = wan_vae()
-    scheduler = wan_scheduler()
-    return {
-        "tokenizer": tokenizer,
-        "text_encoder": text_encoder,
-        "transformer": transformer,
-        "vae": vae,
-        "scheduler": scheduler,
-    }
+    parts: dict[str, Any] = {"tokenizer": tokenizer, "text_encoder": text_encoder, "scheduler": wan_scheduler()}
+    if model == "wan2.2-i2v":
+        parts["transformer"] = wan_transformer(size, in_channels=36)
+        parts["transformer_2"] = wan_transformer(size, in_channels=36, seed=_SEED_TRANSFORMER_2)
+        parts["vae"] = wan_vae()
+        parts["boundary_ratio"] = 0.9
+    elif model == "wan2.2-ti2v":
+        parts["transformer"] = wan_transformer(size, in_channels=48, out_channels=48)
+        parts["vae"] = wan22_vae()
+        parts["expand_timesteps"] = True
+    else:
+        parts["transformer"] = wan_transformer(size)
+        parts["vae"] = wan_vae()
+    return parts
 
 
-def _qwen_components(size: str) -> dict[str, Any]:
-    """QwenImagePipeline parts named and wired as in Qwen/Qwen-Image, at toy size."""
+def _qwen_components(size: str, tokenizer: Any = None) -> dict[str, Any]:
+    """QwenImagePipeline parts named and wired as in Qwen/Qwen-Image, at toy size (``tokenizer``:
+    another :func:`build_qwen2_tokenizer`, else the Qwen-Image one)."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    tokenizer = build_qwen2_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else build_qwen2_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _QWEN_SPECIAL_TOKENS}
     te_config = Qwen2_5_VLConfig(
         text_config={
@@ -355,6 +437,12 @@ def _qwen_components(size: str) -> dict[str, Any]:
             "num_heads": 2,
             "out_hidden_size": _TEXT_DIM,
             "fullatt_block_indexes": [1],
+            # The real Qwen2.5-VL patching, as the edit models' processor cuts images
+            # (_QWEN_VL_IMAGE_PROCESSOR); in_channels is transformers 5's name of in_chans.
+            "patch_size": _QWEN_VL_IMAGE_PROCESSOR["patch_size"],
+            "spatial_merge_size": _QWEN_VL_IMAGE_PROCESSOR["merge_size"],
+            "temporal_patch_size": _QWEN_VL_IMAGE_PROCESSOR["temporal_patch_size"],
+            "in_channels": 3,
         },
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
@@ -408,6 +496,27 @@ def _qwen_components(size: str) -> dict[str, Any]:
     }
 
 
+def _qwen_edit_components(size: str) -> dict[str, Any]:
+    """QwenImageEditPipeline / QwenImageEditPlusPipeline parts as in Qwen/Qwen-Image-Edit(-2509/-2511):
+    Qwen-Image's (the same seeds; the text encoder's vision tower now sees the reference image) with
+    a tokenizer that also learnt the edit template, and the ``processor`` the pipelines feed the
+    reference image and the prompt through (a ``Qwen2VLProcessor`` built here, no hub)."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    tokenizer = build_qwen2_tokenizer((QWEN_IMAGE_EDIT_TEMPLATE_PREFIX,))
+    parts = _qwen_components(size, tokenizer)
+    # transformers 5's Qwen2VLProcessor requires a video processor (the real folder has one); never used here.
+    vl = {k: _QWEN_VL_IMAGE_PROCESSOR[k] for k in ("patch_size", "temporal_patch_size", "merge_size", "image_mean",
+                                                    "image_std")}
+    parts["processor"] = Qwen2VLProcessor(
+        image_processor=Qwen2VLImageProcessor(**_QWEN_VL_IMAGE_PROCESSOR),
+        tokenizer=tokenizer,
+        video_processor=Qwen2VLVideoProcessor(**vl),
+    )
+    return parts
+
+
 # ---------------------------------------------------------------------------------------------------
 # Saving
 # ---------------------------------------------------------------------------------------------------
@@ -450,16 +559,23 @@ def _normalise_json(path: Path, tmp_root: Path) -> None:
 def _write_pipeline(model: str, size: str, dtype_name: str, target: Path) -> None:
     """Build all components, save them with ``save_pretrained`` into ``target`` and tidy the result."""
     import torch
-    from diffusers import QwenImagePipeline, WanPipeline
+    from diffusers import QwenImagePipeline, WanImageToVideoPipeline, WanPipeline
 
     torch_dtype = getattr(torch, dtype_name)
-    if model == "wan2.1-t2v":
-        components = _wan_components(size)
-        pipe = WanPipeline(**components)
+    if model.startswith("wan"):
+        components = _wan_components(size, model)
+        pipe = (WanImageToVideoPipeline if PIPELINES[model] == "WanImageToVideoPipeline" else WanPipeline)(**components)
+    elif model.startswith("qwen-image-edit"):
+        import diffusers
+
+        components = _qwen_edit_components(size)
+        pipe = getattr(diffusers, PIPELINES[model])(**components)
     else:
         components = _qwen_components(size)
         pipe = QwenImagePipeline(**components)
-    for name in ("text_encoder", "transformer", "vae"):
+    for name in ("text_encoder", "transformer", "transformer_2", "vae"):
+        if name not in components:
+            continue
         # Plain nn.Module.to: diffusers' override warns about _keep_in_fp32_modules, which only
         # matter at load time (from_pretrained upcasts them again); we want everything in one dtype.
         torch.nn.Module.to(components[name], torch_dtype)
@@ -469,7 +585,7 @@ def _write_pipeline(model: str, size: str, dtype_name: str, target: Path) -> Non
 
     index_path = target / "model_index.json"
     index = json.loads(index_path.read_text(encoding="utf-8"))
-    if model == "wan2.1-t2v":
+    if model.startswith("wan"):
         # transformers 5 aliases T5TokenizerFast to T5Tokenizer, so save_pretrained records
         # "T5Tokenizer"; the real repo names "T5TokenizerFast" and that still loads.
         index["tokenizer"] = ["transformers", "T5TokenizerFast"]

@@ -149,7 +149,7 @@ PATCHES: tuple[Patch, ...] = (
         apply="omni_ext.patches.step_progress:apply_cancellation",
         notes=(
             "Sets supports_request_cancellation on the vLLM-Omni class of every family marked cancellable "
-            "in omni_ext.models.families (Wan22Pipeline and QwenImagePipeline)."
+            "in omni_ext.models.families (the target lists them: Wan and the Qwen-Image family, edit included)."
         ),
     ),
     Patch(

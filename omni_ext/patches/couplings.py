@@ -224,6 +224,50 @@ COUPLINGS: tuple[Coupling, ...] = (
         (f"{_QWEN_IMAGE}._decode_latents", "method", ("latents", "height", "width", "output_type")),
     ),
     Coupling(
+        name="vllm_omni.diffusion.utils.prompt_utils:validate_prompt_sequence_lengths",
+        kind="function",
+        why=(
+            "A split CFG rank of the tuned Qwen-Image(-Edit) pipelines holds the branch it does not encode to "
+            "the same token bound, with the pipeline's own prompt_template_encode, tokenizer and "
+            "tokenizer_max_length, so an over-long prompt fails on both ranks and never leaves one waiting in "
+            "the all-gather."
+        ),
+        used_in="omni_ext.executor.pipelines",
+        params=("attention_mask", "max_sequence_length", "supported_max_sequence_length", "prompt_name",
+                "baseline_attention_mask", "error_context"),
+    ),
+    *(
+        coupling
+        for edit in ("vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit:QwenImageEditPipeline",
+                     "vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit_plus:QwenImageEditPlusPipeline")
+        for coupling in (
+            *_used_together(
+                "Overridden by the tuned Qwen-Image-Edit pipelines, whose forward runs the whole request: "
+                "check_cfg_parallel_validity, which forward calls with its do_true_cfg inputs before it encodes the "
+                "prompts, tells a CFG pair whether it splits the text encoding; encode_prompt then encodes only "
+                "this rank's branch, told apart by prompt_name (forward names the negative one). If forward stops "
+                "calling the check, a pair encodes both branches and both ranks decode (slower, same image).",
+                "omni_ext.executor.pipelines",
+                (f"{edit}.check_cfg_parallel_validity", "method", ("true_cfg_scale", "has_neg_prompt")),
+                (f"{edit}.encode_prompt", "method",
+                 ("prompt", "image", "num_images_per_prompt", "prompt_embeds", "prompt_embeds_mask",
+                  "max_sequence_length", "prompt_name")),
+            ),
+            Coupling(
+                name=f"{edit}.forward", kind="call", used_in="omni_ext.executor.pipelines",
+                why="encode_prompt's split tells the branches apart by the name forward gives the negative one; "
+                    "without it CFG rank 1 would run its branch on a placeholder.",
+                value='prompt_name="negative_prompt"', token='"negative_prompt"',
+            ),
+            Coupling(
+                name=edit, kind="call", used_in="omni_ext.executor.pipelines", token="vae.decode",
+                why="CFG rank 1 of a split pair skips the VAE decode through the vae.decode replaced on the VAE "
+                    "instance; it takes effect only while forward decodes through self.vae.decode.",
+                value="self.vae.decode(",
+            ),
+        )
+    ),
+    Coupling(
         name="vllm_omni.diffusion.distributed.autoencoders.wan_vae_fastpath:is_installed",
         kind="function",
         why=(
