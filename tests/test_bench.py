@@ -467,6 +467,34 @@ def test_cfg_parallel_sp_options() -> None:
             parse("cfg-parallel", "--json", "x.json", "--sp", bad)
 
 
+def test_cfg_parallel_model_rows_send_a_reference_image_to_image_to_video_models() -> None:
+    args = parse("cfg-parallel", "--json", "x.json", "--model", "wan2.2-i2v")
+    assert (args.model, args.sp) == ("wan2.2-i2v", 1)  # --model: the side-by-side rows, sp 1 allowed
+    assert parse("cfg-parallel", "--json", "x.json").model is None  # the one-device benchmark stays the default
+    fields = c.video_fields(args)
+    assert fields["input_reference"].startswith(b"\x89PNG") and fields["input_reference"] == c.video_fields(args)["input_reference"]
+    assert "input_reference" not in c.video_fields(parse("cfg-parallel", "--json", "x.json", "--model", "wan2.1-t2v"))
+    from omni_ext.bench.client import _form
+
+    form = _form(fields)
+    assert form["input_reference"][0] == "input_reference.png" and form["prompt"] == (None, fields["prompt"])
+
+
+def test_ceiling_latent_shape_follows_the_models_channels_and_vae(tmp_path: Path) -> None:
+    from omni_ext.bench.ceiling import latent_shape
+
+    def model(name: str, in_channels: int, vae: dict) -> Path:
+        (tmp_path / name / "transformer").mkdir(parents=True)
+        (tmp_path / name / "vae").mkdir()
+        (tmp_path / name / "transformer" / "config.json").write_text(json.dumps({"in_channels": in_channels}))
+        (tmp_path / name / "vae" / "config.json").write_text(json.dumps(vae))
+        return tmp_path / name
+
+    assert latent_shape(model("t2v", 16, {}), 80, 80, 17) == [1, 16, 5, 10, 10]
+    assert latent_shape(model("i2v", 36, {"scale_factor_spatial": 8}), 80, 80, 17) == [1, 36, 5, 10, 10]
+    assert latent_shape(model("ti2v", 48, {"scale_factor_spatial": 16, "scale_factor_temporal": 4}), 160, 160, 17) == [1, 48, 5, 10, 10]
+
+
 def test_cfg_parallel_sp_servers_share_one_layout_and_differ_only_in_the_executor() -> None:
     from omni_ext.bench.runner import TUNED, sp_layout, sp_server_specs
 

@@ -57,7 +57,7 @@ def _child(model: str, mode: str, rank: int, port: int, steps: int, lat: list[in
             fwd()
         return {"seconds": time.perf_counter() - t0}
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
-    out = [torch.empty_like(x) for _ in range(2)]
+    out = [torch.empty_like(fwd()) for _ in range(2)]  # the prediction: out_channels, not in_channels
     dist.barrier()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -67,12 +67,22 @@ def _child(model: str, mode: str, rank: int, port: int, steps: int, lat: list[in
     return {"seconds": dt}
 
 
+def latent_shape(model: Path, height: int, width: int, frames: int) -> list[int]:
+    """The transformer's input of one request: its channels (16 for T2V, 36 for I2V's noise + mask +
+    image latents, 48 for TI2V-5B) and the VAE's compression (8x, or the Wan2.2 VAE's 16x)."""
+    transformer = json.loads((Path(model) / "transformer" / "config.json").read_text())
+    vae = json.loads((Path(model) / "vae" / "config.json").read_text())
+    spatial = int(vae.get("scale_factor_spatial") or 8)
+    temporal = int(vae.get("scale_factor_temporal") or 4)
+    return [1, int(transformer["in_channels"]), 1 + (frames - 1) // temporal, height // spatial, width // spatial]
+
+
 def measure(model: Path, height: int, width: int, frames: int, steps: int, reps: int = 3, independent: bool = False) -> dict:
     """``reps`` alternating runs of one process vs two; medians and their ratio. With ``independent``
     the two processes do not talk (data parallel): the ratio is their combined throughput vs one."""
     from omni_ext.server_process import free_port
 
-    lat = [1, 16, 1 + (frames - 1) // 4, height // 8, width // 8]
+    lat = latent_shape(model, height, width, frames)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def run(mode: str) -> float:
@@ -141,15 +151,7 @@ def _sp_worker(model: str, rank: int, world: int, cfg: int, ulysses: int, port: 
     pipe = worker.model_runner.pipeline
     tf = pipe.transformer
     torch.manual_seed(0)
-    x = torch.randn(*lat)
-    pos, neg = torch.randn(1, 512, tf.config.text_dim), torch.randn(1, 512, tf.config.text_dim)
-    t = torch.tensor([500.0])
-
-    def step() -> torch.Tensor:
-        kw = {"hidden_states": x, "timestep": t, "attention_kwargs": None, "return_dict": False, "current_model": tf}
-        return pipe.predict_noise_maybe_with_cfg(
-            do_true_cfg=True, true_cfg_scale=4.0, positive_kwargs={**kw, "encoder_hidden_states": pos},
-            negative_kwargs={**kw, "encoder_hidden_states": neg}, cfg_normalize=False)
+    step = _qwen_edit_step(pipe, lat, model) if type(pipe).__name__.startswith("QwenImageEdit") else _wan_step(pipe, lat)
 
     def loop(n: int) -> float:
         with torch.no_grad(), set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od):
@@ -167,6 +169,53 @@ def _sp_worker(model: str, rank: int, world: int, cfg: int, ulysses: int, port: 
             break
         print(MARK + json.dumps({"seconds": loop(steps)}), flush=True)
     worker.shutdown()
+
+
+def _wan_step(pipe, lat: list[int]):
+    """One CFG step of a Wan pipeline (text- or image-to-video: ``lat`` has the transformer's input channels)."""
+    import torch
+
+    tf = pipe.transformer
+    x = torch.randn(*lat)
+    pos, neg = torch.randn(1, 512, tf.config.text_dim), torch.randn(1, 512, tf.config.text_dim)
+    t = torch.tensor([500.0])
+
+    def step() -> torch.Tensor:
+        kw = {"hidden_states": x, "timestep": t, "attention_kwargs": None, "return_dict": False, "current_model": tf}
+        return pipe.predict_noise_maybe_with_cfg(
+            do_true_cfg=True, true_cfg_scale=4.0, positive_kwargs={**kw, "encoder_hidden_states": pos},
+            negative_kwargs={**kw, "encoder_hidden_states": neg}, cfg_normalize=False)
+
+    return step
+
+
+def _qwen_edit_step(pipe, lat: list[int], model: str):
+    """One CFG step of a Qwen-Image-Edit pipeline as its ``diffuse`` makes it: the packed noise latents of
+    the output (``lat``'s height and width over 2) followed by the reference image's, which the edit
+    pipelines resize to a 1024x1024 area first (vLLM-Omni's ``calculate_dimensions``); the prediction is
+    sliced back to the output's tokens."""
+    import torch
+    from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import calculate_dimensions
+
+    tf = pipe.transformer  # vLLM-Omni's own Qwen-Image transformer: no diffusers config
+    config = json.loads((Path(model) / "transformer" / "config.json").read_text())
+    h, w = lat[3] // 2, lat[4] // 2
+    ref_w, ref_h = calculate_dimensions(1024 * 1024, w / h)
+    rh, rw = ref_h // pipe.vae_scale_factor // 2, ref_w // pipe.vae_scale_factor // 2
+    x = torch.randn(1, h * w + rh * rw, config["in_channels"])
+    text, dim = 64, config["joint_attention_dim"]  # a short instruction (prompt tokens after the dropped prefix)
+    pos, neg = torch.randn(1, text, dim), torch.randn(1, text, dim)
+    mask = torch.ones(1, text, dtype=torch.long)
+    tf.do_true_cfg = True
+    shapes = [[(1, h, w), (1, rh, rw)]]
+    kw = {"hidden_states": x, "timestep": torch.tensor([0.5]), "guidance": None, "encoder_hidden_states_mask": mask,
+          "img_shapes": shapes, "txt_seq_lens": [text], "return_dict": False, "attention_kwargs": {}}
+
+    def step() -> torch.Tensor:
+        return pipe.predict_noise_maybe_with_cfg(True, 4.0, {**kw, "encoder_hidden_states": pos},
+                                                 {**kw, "encoder_hidden_states": neg}, True, h * w)
+
+    return step
 
 
 class _Group:
@@ -223,7 +272,7 @@ def measure_sp(model: Path, height: int, width: int, frames: int, steps: int, ul
                reps: int = 3, progress=None) -> dict:
     """CFG 2 x Ulysses ``ulysses`` in 2 x ``ulysses`` bare processes vs the same worker in one process,
     ``reps`` alternating timed loops of ``steps`` steps each; the medians and their ratio."""
-    lat = [1, 16, 1 + (frames - 1) // 4, height // 8, width // 8]
+    lat = latent_shape(model, height, width, frames)
     world = 2 * ulysses
     groups: dict[str, _Group] = {}
     try:
@@ -247,8 +296,8 @@ def sp_ceiling_result(one_s: list[float], parallel_s: list[float], ulysses: int,
 
     world = 2 * ulysses
     return {
-        "what": f"transformer loop only, no server: vLLM-Omni's own DiffusionWorker (its gloo groups, its Wan "
-                f"transformer with the Ulysses SP hooks, omni-ext's plugin and patches) in {world} bare processes "
+        "what": f"transformer loop only, no server: vLLM-Omni's own DiffusionWorker (its gloo groups, the model's "
+                f"transformer (Wan or Qwen-Image) with the Ulysses SP hooks, omni-ext's plugin and patches) in {world} bare processes "
                 f"(CFG 2 x Ulysses {ulysses}, one thread each), timing {steps} calls of the pipeline's "
                 "predict_noise_maybe_with_cfg (each CFG rank its branch with the sequence split over its Ulysses "
                 "group, then the CFG all-gather and the guidance combine); vs the same worker in 1 process "

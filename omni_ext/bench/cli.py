@@ -36,6 +36,12 @@ def _scheduler_common(p: argparse.ArgumentParser, frames_type=int) -> None:
     add_quiet_options(p)
 
 
+def _tiny_models() -> tuple[str, ...]:
+    from omni_ext.models.tiny import MODELS
+
+    return MODELS
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -94,6 +100,10 @@ def add_subcommands(sub) -> None:
     # encoding ~6 % of one-device time (Wan2.1-1.3B at 832x480x81, 50 steps: 5-15 %).
     _common(c, steps=25, size="80x80", frames=17, reps=5)
     c.add_argument("--skip-ceiling", action="store_true", help="skip the no-server transformer-loop ceiling")
+    c.add_argument("--model", choices=[m for m in _tiny_models() if m != "qwen-image"], default=None,
+                   help="side-by-side rows for this tiny model (an image-to-video or edit one gets a reference "
+                        "image with each request; an edit model is sent image edits of --size): vLLM-Omni's executor vs the TunedExecutor on CFG 2 (x Ulysses --sp), and "
+                        "the bare loop of the same layout (the --sp figures)")
     c.add_argument("--sp", type=_positive_int, default=1, metavar="N",
                    help="N > 1: CFG 2 x Ulysses N (2N processes), vLLM-Omni's executor vs the TunedExecutor, "
                         "and the bare 2N-process loop as ceiling")

@@ -20,8 +20,10 @@ from omni_ext.bench.common import Progress
 TERMINAL = ("completed", "failed", "cancelled")
 
 
-def _form(fields: dict[str, Any]) -> dict[str, tuple[None, str]]:
-    return {k: (None, str(v)) for k, v in fields.items() if v is not None}
+def _form(fields: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """Multipart form parts; a ``bytes`` value is an uploaded PNG (``input_reference``, ``image``)."""
+    return {k: (f"{k}.png", v, "image/png") if isinstance(v, bytes) else (None, str(v))
+            for k, v in fields.items() if v is not None}
 
 
 class RequestFailed(RuntimeError):
@@ -50,6 +52,21 @@ def sync_request(url: str, fields: dict[str, Any], timeout: float = 1800,
             stages = json.loads(raw)
         except ValueError:
             stages = {}
+    return {"latency_s": dt, "bytes": len(r.content), "stages": stages, "request_id": r.headers.get("X-Request-Id")}
+
+
+def sync_edit_request(url: str, fields: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """One ``POST /v1/images/edits`` (its ``image`` a PNG in ``fields``): the same record as
+    :func:`sync_request`, the stage durations from the answer's ``metrics``."""
+    import requests
+
+    t0 = time.perf_counter()
+    r = requests.post(url + "/v1/images/edits", files=_form(fields), timeout=timeout)
+    dt = time.perf_counter() - t0
+    if r.status_code != 200:
+        raise RequestFailed(r.status_code, r.text)
+    body = r.json()
+    stages = (body.get("metrics") or {}).get("stage_durations") or {}
     return {"latency_s": dt, "bytes": len(r.content), "stages": stages, "request_id": r.headers.get("X-Request-Id")}
 
 

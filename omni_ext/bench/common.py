@@ -101,7 +101,7 @@ def tiny_model(args, family: str = "wan2.1-t2v") -> Path:
 
 def setup(args) -> tuple[Path, Path, list[str], dict[str, str]]:
     """(model, workdir, base serve args, base env) of one benchmark run."""
-    model = tiny_model(args)
+    model = tiny_model(args, getattr(args, "model", None) or "wan2.1-t2v")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="omni-ext-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     return model, workdir, list(BASE_ARGS), dict(BASE_ENV)
@@ -195,7 +195,34 @@ def planned_commands(model: Path, specs: dict[str, list[str]]) -> dict[str, str]
 
 
 # ---- requests --------------------------------------------------------------------------------------
+def reference_png(width: int, height: int) -> bytes:
+    """A fixed reference image of the request's size (smooth gradients: it encodes like a photo)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) * 127 // max(width + height - 2, 1)], -1)
+    out = io.BytesIO()
+    Image.fromarray(rgb.astype("uint8")).save(out, format="PNG")
+    return out.getvalue()
+
+
+def edit_fields(args, **over) -> dict[str, Any]:
+    """The benchmark's image edit: a CFG pair (Qwen-Image's rule: ``true_cfg_scale`` > 1 and a negative
+    prompt) on the fixed reference image, at the request's size."""
+    w, h = (int(v) for v in args.size.split("x"))
+    f = {"prompt": PROMPT, "negative_prompt": NEGATIVE, "size": f"{w}x{h}", "num_inference_steps": args.steps,
+         "true_cfg_scale": 4.0, "seed": 1234, "response_format": "b64_json", "image": reference_png(w, h)}
+    f.update(over)
+    return f
+
+
 def video_fields(args, **over) -> dict[str, Any]:
+    """The benchmark's request; with an image-to-video ``--model``, its reference image too."""
+    from omni_ext.models.tiny import TAKES_IMAGE
+
     w, h = args.size.split("x")
     f = {
         "prompt": PROMPT,
@@ -207,6 +234,8 @@ def video_fields(args, **over) -> dict[str, Any]:
         "seed": 1234,
         "fps": 8,
     }
+    if getattr(args, "model", None) in TAKES_IMAGE:
+        f["input_reference"] = reference_png(int(w), int(h))
     f.update(over)
     return f
 

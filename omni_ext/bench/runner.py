@@ -11,13 +11,15 @@ cfg-parallel: one device (1 worker, vLLM-Omni's mp executor) vs vLLM-Omni's ``--
 server runs vLLM-Omni's pipeline profiler, whose stage durations give the VAE decode + text
 encoding share of one-device time (written to the JSON).
 
-cfg-parallel --sp N: one request at a time on CFG 2 x Ulysses N (2N worker processes, one thread
+cfg-parallel --sp N (or --model M, then N may be 1): one request at a time on CFG 2 x Ulysses N (2N worker processes, one thread
 each, ``OMNI_EXT_CPU_VISIBLE_DEVICES`` 0..2N-1), vLLM-Omni's executor vs omni-ext's TunedExecutor with
 the same layout, side by side, both with vLLM-Omni's pipeline profiler (its ``diffuse`` stage is the
 denoising loop inside the server); then the bare 2N-process ceiling (:func:`ceiling.measure_sp`).
 No one-device server: neither goal needs one (tuned vs stock is one layout; tuned vs the ceiling
 compares loops), a third server would add ~40 % to the run, and the ceiling's bare one-process loop
-still gives the SP speedup over one device.
+still gives the SP speedup over one device. ``--model`` picks the tiny model (``omni_ext.models.tiny``:
+the image-to-video ones get a fixed reference image with every request); the bare loop then runs that
+model's pipeline class and latent shape (I2V's 36 input channels, TI2V-5B's 48 and 16x VAE).
 
 data-parallel: 8 concurrent requests (a closed burst) against
 - omni-ext 2 groups (``data_parallel_size`` 2, cfg 1) vs 1 group (phase 1) -> ``throughput_ratio_tuned``;
@@ -48,7 +50,7 @@ def run_cfg_parallel(args) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"one_device_phase1": [], "stock_cfg2": [], "one_device_phase2": [], "tuned_cfg2": []}
     out: dict[str, Any] = {
         "benchmark": "cfg-parallel",
-        "model": f"tiny Wan2.1-T2V '{args.model_size}' (random weights, float32)",
+        "model": f"tiny {_model(args)} '{args.model_size}' (random weights, float32)",
         "request": {k: fields[k] for k in ("size", "num_frames", "num_inference_steps", "guidance_scale")},
         "threads_per_worker": 1,
         "reps": args.reps,
@@ -86,8 +88,9 @@ def run_cfg_parallel(args) -> dict[str, Any]:
     med = {k: median(v) for k, v in lat.items()}
     shares, step_ms = [], []
     for r in runs["one_device_phase1"] + runs["one_device_phase2"]:
-        if r["stages"].get("Wan22Pipeline.diffuse"):
-            step_ms.append(1000.0 * r["stages"]["Wan22Pipeline.diffuse"] / args.steps)
+        diffuse = next((v for k, v in r["stages"].items() if k.endswith("Pipeline.diffuse")), None)
+        if diffuse:
+            step_ms.append(1000.0 * diffuse / args.steps)
         st = r["stages"]
         vae = sum(v for k, v in st.items() if k.endswith("vae.decode"))
         te = sum(v for k, v in st.items() if k.endswith("text_encoder.forward"))
@@ -115,6 +118,10 @@ def run_cfg_parallel(args) -> dict[str, Any]:
 #: Goals of ``cfg-parallel --sp N`` (issue 18): tuned at least as fast as vLLM-Omni's executor on the
 #: same layout, and its denoising loop within 5 % of the bare loop of the same layout.
 SP_GOALS = {"tuned_vs_stock": (">=", 1.0), "tuned_vs_ceiling": (">=", 0.95)}
+
+
+def _model(args) -> str:
+    return getattr(args, "model", None) or "wan2.1-t2v"
 
 
 def sp_layout(sp: int) -> tuple[list[str], dict[str, str]]:
@@ -166,22 +173,33 @@ def sp_summary(runs: dict[str, list[dict[str, Any]]], ceiling: dict[str, Any] | 
     }
 
 
+def _request(args):
+    """(send one request, its fields) of ``--model``: an image edit for the edit models, else a video."""
+    if _model(args).startswith("qwen-image-edit"):
+        from omni_ext.bench.client import sync_edit_request
+        from omni_ext.bench.common import edit_fields
+
+        return sync_edit_request, edit_fields
+    return sync_request, video_fields
+
+
 def run_cfg_parallel_sp(args) -> dict[str, Any]:
     model, workdir, base_args, env = setup(args)
     flags, sp_env_vars = sp_layout(args.sp)
-    fields = video_fields(args)
+    send, request_fields = _request(args)
+    fields = request_fields(args)
     host = quiet_host(args)
     servers = Servers(model, workdir, base_args, {**env, **sp_env_vars})
     runs: dict[str, list[dict[str, Any]]] = {"stock_sp": [], "tuned_sp": []}
     ceiling_reps = 0 if args.skip_ceiling else args.ceiling_reps
-    progress = Progress("cfg-parallel --sp", 2 * args.reps + 2 * ceiling_reps, min_interval_s=0.0)
+    progress = Progress(f"cfg-parallel {_model(args)} --sp {args.sp}", 2 * args.reps + 2 * ceiling_reps, min_interval_s=0.0)
     try:
         servers.start(sp_server_specs(args.sp), args.start_timeout)
         for name in runs:  # warm-up (first-call costs), not recorded
-            sync_request(servers.url(name), video_fields(args, seed=1))
+            send(servers.url(name), request_fields(args, seed=1))
         for i in range(args.reps):
             for name in (("stock_sp", "tuned_sp") if i % 2 == 0 else ("tuned_sp", "stock_sp")):
-                r = sync_request(servers.url(name), fields)
+                r = send(servers.url(name), fields)
                 runs[name].append(r)
                 d = diffuse_s(r["stages"])
                 progress.advance(note=f"rep {i}: {name} {r['latency_s']:.2f} s" + (f" (diffuse {d:.2f} s)" if d else ""))
@@ -193,7 +211,8 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
 
         h, w = size_hw(args.size)
         try:
-            ceiling = measure_sp(model, h, w, args.frames, args.steps, args.sp, workdir, reps=ceiling_reps, progress=progress)
+            frames = args.frames if _model(args).startswith("wan") else 1
+            ceiling = measure_sp(model, h, w, frames, args.steps, args.sp, workdir, reps=ceiling_reps, progress=progress)
         except Exception as exc:  # recorded: the servers' figures still stand
             ceiling_error = f"{type(exc).__name__}: {str(exc)[:2000]}"
             log(f"ceiling failed: {ceiling_error[:300]}")
@@ -201,9 +220,10 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
     finish_host(host)
     return {
         "benchmark": "cfg-parallel --sp",
-        "model": f"tiny Wan2.1-T2V '{args.model_size}' (random weights, float32)",
+        "model": f"tiny {_model(args)} '{args.model_size}' (random weights, float32)",
         "layout": {"cfg": 2, "ulysses": args.sp, "processes_per_server": 2 * args.sp, "threads_per_process": 1},
-        "request": {k: fields[k] for k in ("size", "num_frames", "num_inference_steps", "guidance_scale")},
+        "request": {k: fields[k] for k in ("size", "num_frames", "num_inference_steps", "guidance_scale", "true_cfg_scale")
+                    if k in fields},
         "reps": args.reps,
         "host": host,
         "measurement": host["measurement"],
@@ -311,7 +331,7 @@ def run_data_parallel(args) -> dict[str, Any]:
 
 
 def main_cfg_parallel(args) -> int:
-    if args.sp > 1:
+    if args.sp > 1 or getattr(args, "model", None):
         result = run_cfg_parallel_sp(args)
         return write_result(args.json, result, sp_table(result))
     result = run_cfg_parallel(args)

@@ -44,7 +44,7 @@ PIPELINES: dict[str, str] = {"wan2.1-t2v": "WanPipeline", "wan2.2-i2v": "WanImag
 RELABELLED: dict[str, str] = {"WanDMDPipeline": "wan2.1-t2v", "WanT2VDMD2Pipeline": "wan2.1-t2v",
                               "QwenImageDMD2Pipeline": "qwen-image"}
 #: Tiny models whose requests carry a reference image (benchmarks send one with each request).
-TAKES_IMAGE: tuple[str, ...] = ("wan2.2-i2v", "wan2.2-ti2v")
+TAKES_IMAGE: tuple[str, ...] = ("wan2.2-i2v", "wan2.2-ti2v", "qwen-image-edit", "qwen-image-edit-plus")
 SIZES: tuple[str, ...] = ("tiny", "small", "med")
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 
