@@ -885,3 +885,32 @@ def test_the_routes_remove_the_uploads_however_the_job_ends(tmp_path: Path, temp
             assert refused.json()["error"]["param"] == "control_reference" and not _left(temp_dir)
     finally:
         handler.shutdown()
+
+
+def test_multi_stage_image_generation_goes_to_vllm_omnis_own_route() -> None:
+    """vLLM-Omni builds a multi-stage model's image request through its chat handler (``len(stage_configs)
+    > 1``); omni-ext's single-stage call cannot run it, so the dispatch hands it to vLLM-Omni's route. A
+    one-stage model stays on omni-ext's route (here: its 503 before start-up)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+    from starlette.responses import JSONResponse as StarletteJSON
+
+    from omni_ext.api.routes import build_router
+
+    seen: list[str] = []
+
+    async def stock(scope, receive, send):
+        seen.append(scope["path"])
+        await StarletteJSON({"stock": True})(scope, receive, send)
+
+    app = FastAPI()
+    app.include_router(build_router(None, stock))
+    client = TestClient(app)
+    app.state.stage_configs = ["ar", "diffusion"]
+    resp = client.post("/v1/images/generations", json={"prompt": "a cat"})
+    assert resp.json() == {"stock": True} and seen == ["/v1/images/generations"]
+    app.state.stage_configs = ["diffusion"]
+    resp = client.post("/v1/images/generations", json={"prompt": "a cat"})
+    assert resp.status_code == 503 and "error" in resp.json() and seen == ["/v1/images/generations"]
+    schema = app.openapi()["paths"]["/v1/images/generations"]["post"]  # omni-ext's documented route stays
+    assert schema["requestBody"]

@@ -53,8 +53,9 @@ class ErrorRoute(APIRoute):
         return run
 
 
-def build_router(stock_edits_app: Any = None) -> APIRouter:
-    """omni-ext's routes; ``stock_edits_app`` is vLLM-Omni's /v1/images/edits endpoint (kept for models that edit)."""
+def build_router(stock_edits_app: Any = None, stock_generations_app: Any = None) -> APIRouter:
+    """omni-ext's routes; ``stock_edits_app`` is vLLM-Omni's /v1/images/edits endpoint (kept for models that
+    edit), ``stock_generations_app`` its /v1/images/generations endpoint (kept for multi-stage models)."""
     from starlette.routing import Route
 
     from omni_ext.api import images, placements, playground, videos
@@ -66,6 +67,10 @@ def build_router(stock_edits_app: Any = None) -> APIRouter:
             router.add_api_route(route.path, route.endpoint, methods=list(route.methods), name=route.name,
                                  include_in_schema=True, response_class=JSONResponse,
                                  openapi_extra=route.openapi_extra)
+    if stock_generations_app is not None:  # in front of omni-ext's route (which stays for the OpenAPI schema)
+        ours = next(r for r in router.routes if getattr(r, "path", None) == "/v1/images/generations")
+        router.routes.insert(0, Route("/v1/images/generations", GenerationsDispatch(ours.app, stock_generations_app),
+                                      methods=["POST"], include_in_schema=False))
     router.routes.append(Route("/v1/images/edits", EditsDispatch(stock_edits_app), methods=["POST"]))
     playground.install(router)
     placements.install(router)
@@ -80,6 +85,21 @@ async def _unknown_path(request: Request, rest: str) -> JSONResponse:
     if not ID_RE.match(first):
         raise APIError(HTTPStatus.BAD_REQUEST, "Invalid id in path.", param="id", code="invalid_id")
     raise APIError(HTTPStatus.NOT_FOUND, f"No route for {request.method} {request.url.path}.", code="not_found")
+
+
+class GenerationsDispatch:
+    """ASGI endpoint for ``POST /v1/images/generations``: omni-ext's route for a model served as one
+    diffusion stage; vLLM-Omni's own route for a multi-stage pipeline (an AR stage before the diffusion
+    one: BAGEL, HunyuanImage-3, GLM-Image ...), which it builds through its chat handler and which
+    omni-ext's single-stage call cannot run. Decided per request from the served stages, as vLLM-Omni's
+    route decides it."""
+
+    def __init__(self, ours: Any, stock_app: Any) -> None:
+        self.ours, self.stock_app = ours, stock_app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        stages = getattr(scope["app"].state, "stage_configs", None) or ()
+        await (self.stock_app if len(stages) > 1 else self.ours)(scope, receive, send)
 
 
 class EditsDispatch:

@@ -3,7 +3,8 @@
 Runs in the API process from the ``vllm.general_plugins`` hook, i.e. while ``vllm-omni serve``
 builds its CLI parser, before ``omni_run_server_worker`` includes vLLM-Omni's module-level router
 into the app. It swaps vLLM-Omni's video/image routes on that router for omni-ext's, puts a
-dispatcher in front of ``/v1/images/edits``, and wraps ``omni_init_app_state`` so omni-ext's job
+dispatcher in front of ``/v1/images/edits`` and one in front of ``/v1/images/generations`` (vLLM-Omni's
+route for multi-stage models), and wraps ``omni_init_app_state`` so omni-ext's job
 store opens (and fails interrupted jobs) when the server starts, not on the first request. That is
 where the API gets this process's dispatch to replicas (:data:`omni_ext.dispatch.replicas.DISPATCH`):
 the API holds it and reads its live capacity and binding times from it.
@@ -27,15 +28,17 @@ def apply() -> None:
     router = api_server.router
     if is_patched(router):
         return
+    def stock(path: str) -> object:
+        return next((r for r in router.routes if getattr(r, "path", None) == path and "POST" in getattr(r, "methods", ())),
+                    None)
+
+    stock_generations = stock("/v1/images/generations")  # kept for multi-stage models (routes.GenerationsDispatch)
     for path, methods in REPLACED_ROUTES:
         _remove_route_from_router(router, path, set(methods))
-    stock_edits = next(
-        (r for r in router.routes if getattr(r, "path", None) == "/v1/images/edits" and "POST" in getattr(r, "methods", ())),
-        None,
-    )
+    stock_edits = stock("/v1/images/edits")
     if stock_edits is not None:
         _remove_route_from_router(router, "/v1/images/edits", {"POST"})
-    router.include_router(build_router(getattr(stock_edits, "app", None)))
+    router.include_router(build_router(getattr(stock_edits, "app", None), getattr(stock_generations, "app", None)))
     mark(router)
 
     original_init = api_server.omni_init_app_state
