@@ -914,3 +914,37 @@ def test_multi_stage_image_generation_goes_to_vllm_omnis_own_route() -> None:
     assert resp.status_code == 503 and "error" in resp.json() and seen == ["/v1/images/generations"]
     schema = app.openapi()["paths"]["/v1/images/generations"]["post"]  # omni-ext's documented route stays
     assert schema["requestBody"]
+
+
+def test_a_video_input_reference_is_decoded_as_vllm_omnis_route_decodes_it(tmp_path: Path) -> None:
+    """vLLM-Omni's ``/v1/videos`` takes a video file as ``input_reference`` (no image: its decoder tries a
+    video); omni-ext carries it to the generation call as the reference video, decoded by the same decoder,
+    instead of a 400. Bytes that are neither stay a 400 ``invalid_image``, before any job exists."""
+    import asyncio
+
+    from omni_ext.api import videos
+    from omni_ext.api.intake import is_video_container
+
+    seen: dict = {}
+
+    class Handler:
+        stage_configs = None
+
+        async def _run_and_extract(self, request, request_id, **kw):
+            seen.update(kw)
+            return "artifacts"
+
+    class Admitted:
+        def started(self) -> None:
+            pass
+
+    mp4 = _mp4_bytes()
+    assert is_video_container(mp4) and not is_video_container(_png_bytes()) and not is_video_container(b"not a video")
+    state = api_state(tmp_path / "v2v", ModelLimits("WanVACEPipeline", 16, 1, True, image_input=True))
+    spec = build_video_request(Body({"prompt": "x"}, {"input_reference": ("a.mp4", "video/mp4", mp4)}), state, {})
+    assert spec.reference is None and spec.reference_video == mp4
+    assert asyncio.run(videos.generate(Handler(), spec, "r1", Admitted())) == "artifacts"
+    assert seen.get("reference_image") is None and seen["reference_video"] is not None
+    with pytest.raises(APIError) as err:
+        build_video_request(Body({"prompt": "x"}, {"input_reference": ("a.png", "image/png", b"not an image")}), state, {})
+    assert (err.value.status, err.value.code, err.value.param) == (400, "invalid_image", "input_reference")

@@ -455,7 +455,8 @@ def _video_request_fields() -> frozenset[str]:
 
 
 def _reference_image(body: Body, state: Served) -> Any:
-    """The uploaded ``input_reference`` (file or ``{"image_url": data-URL}``) as a PIL image."""
+    """The uploaded ``input_reference`` (file or ``{"image_url": data-URL}``) as a PIL image, or its bytes
+    when it is a video file (:func:`is_video_container`)."""
     raw: bytes | None = None
     if "input_reference" in body.files:
         raw = body.files["input_reference"][2]
@@ -482,13 +483,23 @@ def _reference_image(body: Body, state: Served) -> Any:
     try:
         img = Image.open(io.BytesIO(raw))  # the header only: nothing is decoded yet
     except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
-        raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
+        if is_video_container(raw):  # vLLM-Omni's route takes a video here too: decoded at generation
+            return raw
+        raise bad_request("input_reference is not a readable image or video.", "input_reference", "invalid_image") from None
     _check_pixel_bound(*img.size, "input_reference")
     try:
         img.load()
     except (OSError, ValueError, Image.DecompressionBombError):
         raise bad_request("input_reference is not a readable image.", "input_reference", "invalid_image") from None
     return img.convert("RGB")
+
+
+def is_video_container(raw: bytes) -> bool:
+    """Whether ``raw`` starts like a video file (MP4/MOV/3GP ``ftyp``, Matroska/WebM, AVI, MPEG-TS/PS): the
+    uploads vLLM-Omni's ``/v1/videos`` decodes as a video when they are no image. Only the magic bytes are
+    read; the decoder judges the rest."""
+    return (raw[4:8] == b"ftyp" or raw[:4] == b"\x1a\x45\xdf\xa3" or (raw[:4] == b"RIFF" and raw[8:12] == b"AVI ")
+            or raw[:1] == b"\x47" and len(raw) > 188 and raw[188:189] == b"\x47" or raw[:4] == b"\x00\x00\x01\xba")
 
 
 def _check_pixel_bound(width: int, height: int, param: str) -> None:
@@ -584,7 +595,8 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
         request=vreq, prompt=vreq.prompt, shape=shape, priority=priority, deadline_s=deadline_s, width=vp.width, height=vp.height,
         frames=vp.num_frames, fps=vp.fps, steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt or 1,
         seconds=str(seconds if seconds is not None else max(1, round((vp.num_frames or 1) / vp.fps))),
-        reference=ref_image,
+        reference=None if isinstance(ref_image, bytes) else ref_image,
+        reference_video=ref_image if isinstance(ref_image, bytes) else None,
     )
 
 

@@ -87,6 +87,9 @@ class JobSpec:
     seconds: str | None = None
     n: int = 1
     reference: Any = None
+    #: an ``input_reference`` upload that is a video (bytes): decoded at generation by vLLM-Omni's decoder,
+    #: to the frames the pipeline keeps, as its route decodes it
+    reference_video: bytes | None = None
     uploads: Any = None
 
 

@@ -58,7 +58,7 @@ async def generate(handler: Any, spec: JobSpec, request_id: str, admitted: Admit
     uploads = spec.uploads
     video = audio = None
     try:
-        video, audio = await media_references(handler, spec.request)
+        video, audio = await media_references(handler, spec.request, spec.reference_video)
         if uploads is not None:
             video = video if video is not None else uploads.video  # input_references come without video_reference
             audio = _with_uploaded_audio(uploads.audio, audio)
@@ -89,17 +89,20 @@ def _with_uploaded_audio(uploaded: Any, decoded: Any) -> Any:
                           cleanup_paths=(*uploaded.cleanup_paths, *decoded.cleanup_paths))
 
 
-async def media_references(handler: Any, vreq: Any) -> tuple[Any, Any]:
-    """The request's ``video_reference`` and ``audio_reference`` items as vLLM-Omni's ``ReferenceVideo`` and
-    ``ReferenceAudio`` (None where it has none), decoded as vLLM-Omni's ``/v1/videos`` decodes them: videos
-    to at most the frames the pipeline keeps (its decode spec), audio URLs to temporary files. A reference
-    that does not decode is a 400 ``invalid_reference``."""
+async def media_references(handler: Any, vreq: Any, input_video: bytes | None = None) -> tuple[Any, Any]:
+    """The request's ``video_reference`` and ``audio_reference`` items (and an ``input_reference`` upload that
+    is a video, ``input_video``) as vLLM-Omni's ``ReferenceVideo`` and ``ReferenceAudio`` (None where it has
+    none), decoded as vLLM-Omni's ``/v1/videos`` decodes them: videos to at most the frames the pipeline keeps
+    (its decode spec), audio URLs to temporary files. A reference that does not decode is a 400
+    ``invalid_reference``."""
     from vllm_omni.entrypoints.openai.serving_video import ReferenceAudio, ReferenceVideo
     from vllm_omni.entrypoints.openai.video.generation.helpers import _reference_video_decode_spec
     from vllm_omni.entrypoints.openai.errors import InvalidInputReferenceError
     from vllm_omni.entrypoints.openai.video_api_utils import VideoFrames, decode_audio_url, decode_input_reference
 
     videos = reference_items(getattr(vreq, "video_reference", None))
+    if input_video is not None:
+        videos.append(input_video)
     audios = reference_items(getattr(vreq, "audio_reference", None))
     if not videos and not audios:
         return None, None
@@ -110,8 +113,9 @@ async def media_references(handler: Any, vreq: Any) -> tuple[Any, Any]:
         if videos:
             decode = _reference_video_decode_spec(vreq, getattr(handler, "stage_configs", None))
             for item in videos:
-                data = await decode_input_reference(None, item, None, max_video_frames=decode.max_frames,
-                                                    video_keep=decode.keep)
+                upload = isinstance(item, bytes)
+                data = await decode_input_reference(None, None if upload else item, item if upload else None,
+                                                    max_video_frames=decode.max_frames, video_keep=decode.keep)
                 if not isinstance(data, VideoFrames):
                     raise InvalidInputReferenceError("video_reference did not decode to a video")
                 if data.source_path is not None:
@@ -126,8 +130,9 @@ async def media_references(handler: Any, vreq: Any) -> tuple[Any, Any]:
         for path in (*paths, *audio_paths):
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        raise bad_request(str(exc) or "Invalid reference.", "video_reference" if videos else "audio_reference",
-                          "invalid_reference") from None
+        param = ("input_reference" if input_video is not None and not getattr(vreq, "video_reference", None)
+                 else "video_reference" if videos else "audio_reference")
+        raise bad_request(str(exc) or "Invalid reference.", param, "invalid_reference") from None
     video = (ReferenceVideo(data=paths, cleanup_paths=tuple(paths)) if paths
              else ReferenceVideo(data=frames) if frames is not None else None)
     audio = (ReferenceAudio(path=audio_paths if len(audio_paths) > 1 else audio_paths[0],  # one alone, as vLLM-Omni's
