@@ -480,6 +480,16 @@ def test_cfg_parallel_model_rows_send_a_reference_image_to_image_to_video_models
     assert form["input_reference"][0] == "input_reference.png" and form["prompt"] == (None, fields["prompt"])
 
 
+def test_model_rows_stock_server_is_vllm_omni_as_it_ships_and_requests_settle() -> None:
+    """The --model rows' stock server switches off omni-ext's routes, validation, step cancellation and
+    dispatch (each a registered patch name); requests wait --settle seconds between the two servers."""
+    from omni_ext.patches import PATCHES
+
+    off = c.STOCK_ENV["OMNI_EXT_DISABLE_PATCHES"].split(",")
+    assert set(off) <= {p.name for p in PATCHES} and "cancel-at-step" in off and "openai-routes" in off
+    assert parse("cfg-parallel", "--json", "x.json", "--model", "wan2.2-i2v").settle == 2.0
+
+
 def test_ceiling_latent_shape_follows_the_models_channels_and_vae(tmp_path: Path) -> None:
     from omni_ext.bench.ceiling import latent_shape
 

@@ -192,10 +192,15 @@ def _wan_step(pipe, lat: list[int]):
 def _qwen_edit_step(pipe, lat: list[int], model: str):
     """One CFG step of a Qwen-Image-Edit pipeline as its ``diffuse`` makes it: the packed noise latents of
     the output (``lat``'s height and width over 2) followed by the reference image's, which the edit
-    pipelines resize to a 1024x1024 area first (vLLM-Omni's ``calculate_dimensions``); the prediction is
-    sliced back to the output's tokens."""
+    pipelines resize to a 1024x1024 area first (vLLM-Omni's ``calculate_dimensions``), and the benchmark's
+    prompt and negative prompt encoded by the pipeline's own ``encode_prompt`` with the reference image as
+    the pipeline feeds it (Edit: at the 1024x1024 area; Edit-Plus: at 384x384), so the text sequence holds
+    the same vision tokens as in the server. The prediction is sliced back to the output's tokens."""
     import torch
+    from PIL import Image
     from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import calculate_dimensions
+
+    from omni_ext.bench.common import NEGATIVE, PROMPT, reference_png
 
     tf = pipe.transformer  # vLLM-Omni's own Qwen-Image transformer: no diffusers config
     config = json.loads((Path(model) / "transformer" / "config.json").read_text())
@@ -203,17 +208,26 @@ def _qwen_edit_step(pipe, lat: list[int], model: str):
     ref_w, ref_h = calculate_dimensions(1024 * 1024, w / h)
     rh, rw = ref_h // pipe.vae_scale_factor // 2, ref_w // pipe.vae_scale_factor // 2
     x = torch.randn(1, h * w + rh * rw, config["in_channels"])
-    text, dim = 64, config["joint_attention_dim"]  # a short instruction (prompt tokens after the dropped prefix)
-    pos, neg = torch.randn(1, text, dim), torch.randn(1, text, dim)
-    mask = torch.ones(1, text, dtype=torch.long)
+    import io
+
+    image = Image.open(io.BytesIO(reference_png(lat[4] * 8, lat[3] * 8))).convert("RGB")
+    if "Plus" in type(pipe).__name__:
+        cw, ch = calculate_dimensions(384 * 384, w / h)
+        prompt_image: object = [image.resize((cw, ch))]
+    else:
+        prompt_image = image.resize((ref_w, ref_h))
+    with torch.no_grad():
+        pos, pos_mask = pipe.encode_prompt(prompt=PROMPT, image=prompt_image)
+        neg, neg_mask = pipe.encode_prompt(prompt=NEGATIVE, image=prompt_image, prompt_name="negative_prompt")
     tf.do_true_cfg = True
     shapes = [[(1, h, w), (1, rh, rw)]]
-    kw = {"hidden_states": x, "timestep": torch.tensor([0.5]), "guidance": None, "encoder_hidden_states_mask": mask,
-          "img_shapes": shapes, "txt_seq_lens": [text], "return_dict": False, "attention_kwargs": {}}
+    kw = {"hidden_states": x, "timestep": torch.tensor([0.5]), "guidance": None, "img_shapes": shapes,
+          "return_dict": False, "attention_kwargs": {}}
+    positive = {**kw, "encoder_hidden_states": pos, "encoder_hidden_states_mask": pos_mask, "txt_seq_lens": [pos.shape[1]]}
+    negative = {**kw, "encoder_hidden_states": neg, "encoder_hidden_states_mask": neg_mask, "txt_seq_lens": [neg.shape[1]]}
 
     def step() -> torch.Tensor:
-        return pipe.predict_noise_maybe_with_cfg(True, 4.0, {**kw, "encoder_hidden_states": pos},
-                                                 {**kw, "encoder_hidden_states": neg}, True, h * w)
+        return pipe.predict_noise_maybe_with_cfg(True, 4.0, positive, negative, True, h * w)
 
     return step
 

@@ -107,6 +107,9 @@ def add_subcommands(sub) -> None:
     c.add_argument("--sp", type=_positive_int, default=1, metavar="N",
                    help="N > 1: CFG 2 x Ulysses N (2N processes), vLLM-Omni's executor vs the TunedExecutor, "
                         "and the bare 2N-process loop as ceiling")
+    c.add_argument("--settle", type=float, default=2.0, metavar="S",
+                   help="--sp/--model: seconds between alternated requests (vLLM-Omni's idle workers poll busily "
+                        "for a while after a request, which slowed the other server's next request by ~20 %%)")
     c.add_argument("--ceiling-reps", type=_positive_int, default=3, help="--sp: timed loops per ceiling layout (median)")
     c.set_defaults(func=_cfg)
     d = bsub.add_parser("data-parallel", help="8 concurrent requests: 2 groups vs 1; CFG-free on a cfg-2 group")

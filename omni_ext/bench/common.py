@@ -35,6 +35,12 @@ DEFAULT_MAX_LOAD = 1.0
 PROMPT = "a red fox running through fresh snow"
 #: What a configuration called "stock" switches off besides omni-ext's executor: omni-ext's dispatch.
 STOCK_DISPATCH_ENV = {"OMNI_EXT_DISABLE_PATCHES": "replica-dispatch"}
+#: A "stock" server beside a tuned one: vLLM-Omni's own routes, validation, executor and dispatch, and its
+#: denoise loop without omni-ext's per-step cancellation check (``cancel-at-step`` adds a collective per
+#: step to vLLM-Omni's Wan and Qwen-Image pipelines). Kept: the two fixes for servers that share a host's
+#: cores, ``idle-poll-backoff`` and ``gloo-shared-device`` (an idle server's busy polls and gloo threads
+#: would take cores from the server being measured; on a card host each server has its own).
+STOCK_ENV = {"OMNI_EXT_DISABLE_PATCHES": "openai-routes,validate-diffusion-requests,cancel-at-step,replica-dispatch"}
 
 
 def omni_ext_executor_in(args: Sequence[str], deploy: dict[str, Any] | None = None) -> list[str]:

@@ -31,6 +31,7 @@ data-parallel: 8 concurrent requests (a closed burst) against
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from omni_ext.bench.client import sync_burst, sync_request
@@ -194,11 +195,17 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
     ceiling_reps = 0 if args.skip_ceiling else args.ceiling_reps
     progress = Progress(f"cfg-parallel {_model(args)} --sp {args.sp}", 2 * args.reps + 2 * ceiling_reps, min_interval_s=0.0)
     try:
-        servers.start(sp_server_specs(args.sp), args.start_timeout)
+        # --model rows: the stock server is vLLM-Omni as it ships (common.STOCK_ENV); the --sp figures keep
+        # omni-ext's generic worker patches on both, as they were measured
+        from omni_ext.bench.common import STOCK_ENV
+
+        servers.start(sp_server_specs(args.sp), args.start_timeout,
+                      envs={"stock_sp": STOCK_ENV} if getattr(args, "model", None) else None)
         for name in runs:  # warm-up (first-call costs), not recorded
             send(servers.url(name), request_fields(args, seed=1))
         for i in range(args.reps):
             for name in (("stock_sp", "tuned_sp") if i % 2 == 0 else ("tuned_sp", "stock_sp")):
+                time.sleep(args.settle)  # the other server's workers poll busily for a while after a request
                 r = send(servers.url(name), fields)
                 runs[name].append(r)
                 d = diffuse_s(r["stages"])
