@@ -175,16 +175,23 @@ class ServeProcess:
         assert self.proc is not None, "start() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                if self.auto_port and port_retries > 0 and lost_port(self.log_text()):
-                    taken, log = self.port, self.log_path
-                    if log is not None:  # keep the failed start's log beside the new one
-                        log.replace(log.with_name(f"{log.stem}.port-{taken}-taken{log.suffix}"))
-                    self.port = free_port()
-                    self.start()
-                    print(f"[server] port {taken} was taken before vllm-omni serve bound it; started again on {self.port}",
-                          file=sys.stderr)
-                    return self.wait_ready(max(1.0, deadline - time.monotonic()), port_retries - 1)
+            exited = self.proc.poll() is not None
+            # A port taken during start-up: the HTTP port (the process exits) or a port vLLM-Omni picks
+            # itself, such as torch.distributed's master port, whose loss may leave the process up but
+            # never healthy. Either way a start on fresh ports is the cure.
+            if (self.auto_port and port_retries > 0 and (exited or not self.healthy())
+                    and lost_port(self.log_text())):
+                if not exited:
+                    self.stop()
+                taken, log = self.port, self.log_path
+                if log is not None:  # keep the failed start's log beside the new one
+                    log.replace(log.with_name(f"{log.stem}.port-{taken}-taken{log.suffix}"))
+                self.port = free_port()
+                self.start()
+                print(f"[server] a port was taken before vllm-omni serve bound it (HTTP port {taken}); started "
+                      f"again on {self.port}", file=sys.stderr)
+                return self.wait_ready(max(1.0, deadline - time.monotonic()), port_retries - 1)
+            if exited:
                 raise ServerStartError(
                     f"vllm-omni serve exited with code {self.proc.returncode} during start-up; log "
                     f"{self.log_path}:\n{self.log_tail()}"

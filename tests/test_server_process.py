@@ -67,3 +67,49 @@ def test_a_given_port_is_not_silently_changed(tmp_path) -> None:
             assert lost_port(str(exc))
         finally:
             proc.stop()
+
+
+# Like vLLM-Omni's start when torch.distributed's master port (a port it picks itself) is taken: the
+# first start fails to bind it, logs the kernel's error and hangs up but never healthy; a new start
+# picks another master port (here: the marker file says it is not the first) and serves.
+_HANGS_ON_MASTER_PORT = """
+import http.server, os, socket, sys, time
+port, master, marker = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    try:
+        socket.socket().bind(("127.0.0.1", master))
+    except OSError as exc:
+        print(f"The server socket has failed to listen on any local network address. port: {master}: {exc}", flush=True)
+        time.sleep(3600)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+@dataclass
+class _HangsOnMaster(ServeProcess):
+    master: int = 0
+    marker: str = ""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", _HANGS_ON_MASTER_PORT, str(self.port), str(self.master), self.marker]
+
+
+def test_a_start_left_hanging_by_a_taken_master_port_is_stopped_and_retried(tmp_path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        proc = _HangsOnMaster(model="none", log_path=tmp_path / "s.log", master=squatter.getsockname()[1],
+                              marker=str(tmp_path / "started-once"))
+        proc.port, proc.auto_port = free_port(), True
+        first = proc.port
+        try:
+            proc.start().wait_ready(timeout=60)
+            assert proc.port != first and proc.healthy()
+            assert lost_port((tmp_path / f"s.port-{first}-taken.log").read_text())
+        finally:
+            proc.stop()
