@@ -33,7 +33,8 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ JOURNAL_DIR = ".placements"
 JOURNAL_KEEP = 2000
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -69,7 +70,7 @@ def ensure_progress_dir(base: Path | None = None) -> Path:
         parent = base / "omni-ext-progress"
         parent.mkdir(parents=True, exist_ok=True)
         for stale in parent.iterdir():
-            if stale.name.isdigit() and not _pid_alive(int(stale.name)):
+            if stale.name.isdigit() and not pid_alive(int(stale.name)):
                 shutil.rmtree(stale, ignore_errors=True)
         path = parent / str(os.getpid())
         os.environ[ENV] = str(path)
@@ -264,11 +265,88 @@ def read_preemptions(root: Path | None = None) -> tuple[dict[str, int], int]:
             data = json.loads(path.read_text())
             for reason, n in data.get("preemptions", {}).items():
                 counts[reason] = counts.get(reason, 0) + int(n)
-            if _pid_alive(int(path.stem)):
+            if pid_alive(int(path.stem)):
                 paused += int(data.get("paused", 0))
         except (OSError, ValueError, TypeError, AttributeError):
             continue
     return counts, paused
+
+
+# ---- healing: worker deaths, respawns, and whether an executor is respawning now ----------------
+#: The sub-directory where each executor process keeps its healing record (``<pid>.json``).
+HEALING_DIR = ".healing"
+
+
+@dataclass(frozen=True)
+class Healing:
+    """The healing records of this server's executors, as the API process reads them.
+
+    ``respawning``: every live executor is replacing its workers now (no job can start: admission
+    answers 503 and ``/health`` says so); ``reason``/``since``: the newest respawn's cause and wall
+    start time; ``counts``: events summed over the executors (``worker_deaths``, ``respawns``,
+    ``watchdog_stops``, ``watchdog_kills``)."""
+
+    respawning: bool = False
+    reason: str = ""
+    since: float | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    start_s: float = 0.0  # how long the respawning executor's workers took to start last time
+    exhausted: str | None = None  # an executor gave up (its respawn budget is spent): why
+
+
+def write_healing(record: dict[str, Any]) -> None:
+    """Executor side: this process's healing record (``state``: "serving" or "respawning",
+    ``reason``, ``since``, and counts), replaced atomically. Best-effort: never raises."""
+    root = progress_dir()
+    if root is None:
+        return
+    try:
+        path = root / HEALING_DIR / f"{os.getpid()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:
+        return
+
+
+_healing_cache: dict[str, tuple[int, dict[str, Any]]] = {}
+
+
+def read_healing(root: Path | None = None) -> Healing:
+    """API side: :class:`Healing` over the records of this server's live executor processes. Cheap
+    enough for every admission: a directory listing and a ``stat`` per executor (a record is parsed
+    again only when it changed)."""
+    root = root or progress_dir()
+    if root is None:
+        return Healing()
+    try:
+        entries = [e for e in os.scandir(root / HEALING_DIR) if e.name.endswith(".json") and e.name[:-5].isdigit()]
+    except OSError:
+        return Healing()
+    counts: dict[str, int] = {}
+    states: list[dict[str, Any]] = []  # the records of live executors
+    gave_up: str | None = None  # an executor's process ends once it gave up: any record counts
+    for entry in entries:
+        try:
+            mtime = entry.stat().st_mtime_ns
+            cached = _healing_cache.get(entry.path)
+            if cached is None or cached[0] != mtime:
+                cached = (mtime, json.loads(Path(entry.path).read_text()))
+                _healing_cache[entry.path] = cached
+            data = cached[1]
+            for key, n in data.get("counts", {}).items():
+                counts[key] = counts.get(key, 0) + int(n)
+            if data.get("state") == "exhausted":
+                gave_up = str(data.get("reason", ""))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        if pid_alive(int(entry.name[:-5])):
+            states.append(data)
+    respawning = [s for s in states if s.get("state") == "respawning"]
+    newest = max(respawning, key=lambda s: s.get("since") or 0.0, default={})
+    return Healing(bool(states) and len(respawning) == len(states), str(newest.get("reason", "")),
+                   newest.get("since"), counts, float(newest.get("start_s") or 0.0), gave_up)
 
 
 # ---- the placement journal -------------------------------------------------------------------
@@ -342,10 +420,12 @@ def record_placement(kind: str, request_id: str, **fields: Any) -> None:
 
 
 def read_placements(after: float | None = None, limit: int | None = None,
-                    root: Path | None = None) -> tuple[list[dict[str, Any]], bool]:
+                    root: Path | None = None,
+                    keep: Callable[[dict[str, Any]], bool] | None = None) -> tuple[list[dict[str, Any]], bool]:
     """The journalled events of every writer, merged in time order (ties: by writer, then its own
     order): the first ``limit`` events after the unix time ``after``, or without ``after`` the
-    newest ``limit``; and whether more events matched than were returned."""
+    newest ``limit``; and whether more events matched than were returned. ``keep``: only the events
+    it accepts count (the caller's own requests)."""
     root = root or progress_dir()
     events: list[dict[str, Any]] = []
     if root is not None:
@@ -360,7 +440,7 @@ def read_placements(after: float | None = None, limit: int | None = None,
                     t = float(event["time"])
                 except (ValueError, TypeError, KeyError):
                     continue
-                if isinstance(event, dict) and (after is None or t > after):
+                if isinstance(event, dict) and (after is None or t > after) and (keep is None or keep(event)):
                     events.append(event)
     events.sort(key=lambda e: (e["time"], e.get("pid", 0), e.get("n", 0)))
     if limit is None or len(events) <= limit:

@@ -9,7 +9,8 @@ process would account for its own requests only; omni-ext's scheduler assumes on
 
 ``omni_ext:queue_depth`` and ``omni_ext:slo_attainment`` are computed when ``/metrics`` is scraped (a collector reading the live
 request queues), so it is never stale between requests, and so are ``omni_ext:preemptions_total`` and
-``omni_ext:paused_jobs`` (the executors' files); the rest are updated as things happen.
+``omni_ext:paused_jobs`` and the healing figures (``omni_ext:worker_deaths_total``, ``omni_ext:worker_respawns_total``, ``omni_ext:watchdog_actions_total``,
+``omni_ext:respawning``), read from the executors' files; the rest are updated as things happen.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ QUEUE_DEPTH_HELP = "Jobs admitted and not yet started, by requested priority."
 ADMITTED = Counter(PREFIX + "requests_admitted", "Generation requests admitted (a job exists for each).")
 REFUSED = Counter(
     PREFIX + "requests_refused",
-    "Generation requests refused with 429 before a job existed, by reason: queue_full (predicted wait over "
-    "omni_ext.scheduler.max_wait_s) or max_queued (omni_ext.api.max_queued jobs already admitted).",
+    "Generation requests refused before a job existed, by reason: queue_full (429: predicted wait over "
+    "omni_ext.scheduler.max_wait_s), max_queued (429: omni_ext.api.max_queued jobs already admitted) or respawning "
+    "(503: the workers are being replaced).",
     labelnames=("reason",),
 )
 CANCELLED = Counter(
@@ -156,6 +158,49 @@ class _Preemptions:
 
 
 REGISTRY.register(_Preemptions())
+
+
+WORKER_DEATHS = PREFIX + "worker_deaths"
+WORKER_DEATHS_HELP = "TunedExecutor worker processes that died without being asked to (each fails the jobs on its CFG group)."
+RESPAWNS = PREFIX + "worker_respawns"
+RESPAWNS_HELP = "Times a TunedExecutor replaced its worker set and reloaded the model after a death or a watchdog kill."
+WATCHDOG = PREFIX + "watchdog_actions"
+WATCHDOG_HELP = ("Jobs past their time limit, by action: stop (stopped at their next denoise step) or kill (not stopped "
+                 "within omni_ext.healing.grace_s: their workers were killed and replaced).")
+RESPAWNING = PREFIX + "respawning"
+RESPAWNING_HELP = "1 while the server replaces its workers (admission answers 503 respawning), else 0."
+
+
+class _Healing:
+    """Worker deaths, respawns and watchdog actions, counted by the TunedExecutors of this server (in
+    their engine processes) and read from their healing records (:func:`omni_ext.progress.read_healing`)
+    when ``/metrics`` is scraped."""
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(WORKER_DEATHS, WORKER_DEATHS_HELP)
+        yield CounterMetricFamily(RESPAWNS, RESPAWNS_HELP)
+        yield CounterMetricFamily(WATCHDOG, WATCHDOG_HELP, labels=["action"])
+        yield GaugeMetricFamily(RESPAWNING, RESPAWNING_HELP)
+
+    def collect(self) -> Iterator[Metric]:
+        from omni_ext.progress import Healing, read_healing
+
+        try:
+            state = read_healing()
+        except Exception:  # never break vLLM's /metrics over omni-ext's metrics
+            logger.exception("omni-ext: reading the healing records failed")
+            state = Healing()
+        counts = state.counts
+        yield CounterMetricFamily(WORKER_DEATHS, WORKER_DEATHS_HELP, value=counts.get("worker_deaths", 0))
+        yield CounterMetricFamily(RESPAWNS, RESPAWNS_HELP, value=counts.get("respawns", 0))
+        family = CounterMetricFamily(WATCHDOG, WATCHDOG_HELP, labels=["action"])
+        for action in ("stop", "kill"):
+            family.add_metric([action], counts.get(f"watchdog_{action}s", 0))
+        yield family
+        yield GaugeMetricFamily(RESPAWNING, RESPAWNING_HELP, value=int(state.respawning))
+
+
+REGISTRY.register(_Healing())
 
 
 def track(queue: QueueLike) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from omni_ext import healing
 from omni_ext.api import metrics
 from omni_ext.api.errors import APIError, too_busy
 from omni_ext.models.families import JobShape
@@ -147,13 +148,21 @@ class RequestQueue:
         return self.jobs.cost
 
     # ---- a job's life ----------------------------------------------------------------------
-    def admit(self, job_id: str, priority: int, shape: JobShape, deadline_s: float | None = None) -> Admitted:
+    def admit(self, job_id: str, priority: int, shape: JobShape, deadline_s: float | None = None, *,
+              accepted: bool = False) -> Admitted:
         """Admit a new job (its :class:`Admitted` handle) or raise 429 ``queue_full`` (with Retry-After)
-        before it exists."""
+        before it exists; 503 ``respawning`` (with Retry-After) while the workers are being replaced.
+        ``accepted``: a job a previous process accepted (its client holds a 200), queued again at start-up
+        whatever the bounds say."""
+        latest = healing.LATEST  # the executors' healing records, read off the request path
+        unavailable = None if accepted or not (latest.respawning or latest.exhausted) else healing.refusal(latest)
+        if unavailable is not None:
+            metrics.REFUSED.labels(unavailable.code).inc()
+            raise unavailable
         now = self.clock()
         self._follow_replicas()
         self._update_all()
-        if self.max_jobs is not None and len(self.jobs) >= self.max_jobs:
+        if self.max_jobs is not None and len(self.jobs) >= self.max_jobs and not accepted:
             running = [self.jobs.remaining(e, now) or 0.0 for e in self.jobs.running()]
             retry = max(MIN_RETRY_S, min(running, default=MIN_RETRY_S))
             metrics.REFUSED.labels("max_queued").inc()
@@ -163,7 +172,9 @@ class RequestQueue:
                                           key=shape.key, units=shape.units, admission=self.admission,
                                           mode=self.modes[shape.cfg],
                                           deadline_s=deadline_s)
-        if not decision.admitted:
+        if not decision.admitted and accepted:
+            self.jobs.add(entry)
+        elif not decision.admitted:
             metrics.REFUSED.labels(decision.reason).inc()
             raise self._refusal(decision)
         metrics.ADMITTED.inc()

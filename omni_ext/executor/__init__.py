@@ -16,8 +16,10 @@ What it does differently from vLLM-Omni's ``MultiprocDiffusionExecutor`` (detail
   serves two such requests at the same time.
 - Request scheduling (:mod:`omni_ext.scheduler`): client priority with aging, longest predicted job
   first, and CFG requests on a whole group while it is idle, on one rank each once others wait.
-- Failure handling: a dead worker fails its requests at once with a clear error, ``/health`` turns
-  503; time limits follow each request's expected cost instead of a fixed 600 s.
+- Failure handling: a dead worker fails the requests on its group at once with a clear error and the
+  worker set is replaced (``/health`` and admission answer 503 ``respawning`` meanwhile); a request
+  past its time limit (which follows its expected cost instead of a fixed 600 s) is stopped at its
+  next step, and killed only if it does not stop.
 - Ascend defaults for the workers (see :mod:`omni_ext.executor.ascend`).
 
 The package is import-light: the executor class is loaded on first attribute access, so the pure

@@ -61,6 +61,8 @@ from omni_ext.scheduler.queue import WARM_UP_PRIORITY, Entry, JobQueue, is_warm_
 #: often: whether it would miss its deadline by waiting changes as running jobs turn out slower than
 #: predicted (two jobs side by side on a CPU host), with no event to say so.
 RECHECK_S = 0.2
+#: What a rank is busy with while its worker is being replaced (:meth:`RankQueue.fail_on`).
+RESPAWNING = "respawning"
 
 logger = logging.getLogger("omni_ext.executor")
 
@@ -95,6 +97,7 @@ class Job:
     members: tuple[str, ...] = ()  # a batched job's request ids, in batch order (request batching)
     cancelled: set[str] = field(default_factory=set)  # members cancelled while the batch runs on for the others
     parts: list[Part] = field(default_factory=list)  # a batched job's per-request futures
+    stop_asked: float | None = None  # monotonic, when the watchdog asked it to stop at its next step
 
     @property
     def request_ids(self) -> tuple[str, ...]:
@@ -484,6 +487,67 @@ class RankQueue:
     def on_ranks(self, ranks: list[int]) -> list[Job]:
         with self.lock:
             return [j for j in self.running() if set(j.ranks) & set(ranks)]
+
+    # ---- healing (the executor replaces its workers: :mod:`omni_ext.executor.tuned`) ---------------
+    def group_of(self, ranks: list[int]) -> tuple[int, ...]:
+        """Every worker process of the CFG groups that hold ``ranks`` (what fails with them)."""
+        procs: set[int] = set()
+        for group in self.layout.groups:
+            members = set(self.units.expand(group))
+            if members & set(ranks):
+                procs |= members
+        return tuple(sorted(procs or set(ranks)))
+
+    def fail_on(self, ranks: tuple[int, ...], reason: str) -> list[Job]:
+        """Fail every job running or paused on any of ``ranks`` with ``reason`` (it names what happened),
+        take them out, and keep ``ranks`` busy until :meth:`respawned`: nothing starts or resumes there.
+        Jobs elsewhere, queued or running, are untouched."""
+        with self.lock:
+            victims = [j for j in self.running() if set(j.ranks) & set(ranks)]
+            for job in victims:
+                self.jobs.abort(job.job_id)
+                if job.is_paused:
+                    progress.mark_paused([job.request_id], False)
+                resolve(job, DiffusionOutput(error=f"{reason}; request {job.request_id} was "
+                                                   f"{'paused' if job.is_paused else 'running'} on rank(s) {list(job.ranks)}"))
+                for rid in job.request_ids:
+                    progress.record_placement("failed", rid, ranks=list(job.ranks), reason=reason)
+            for r in ranks:
+                self.busy[r] = RESPAWNING
+            if victims:
+                self._report()
+            self.lock.notify_all()
+            return victims
+
+    def stop_late(self, job: Job, reason: str, now: float) -> None:
+        """The watchdog's first stage: ``job`` fails now with ``reason`` and its ranks stop it at their
+        next denoise step (the cancel board), which frees them without killing anything."""
+        with self.lock:
+            job.stop_asked = now
+            resolve(job, DiffusionOutput(error=reason))
+            if job.dropped or self.jobs.get(job.job_id) is None:
+                return
+            job.dropped = True
+            self.jobs.forget(job.job_id)
+            for r in job.ranks:
+                self.cancel_slots[r] = job.seq
+            logger.warning("%s; stopping it at its next step on rank(s) %s", reason, list(job.ranks))
+            self.dispatch()
+
+    def others_running(self) -> list[Job]:
+        """Jobs running (or paused) while the executor waits to replace its workers."""
+        with self.lock:
+            return self.running()
+
+    def respawned(self, send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int]) -> None:
+        """A new worker set answers on ``send`` and stops jobs through ``cancel_slots``: every rank is
+        free again (nothing runs: the executor waited for that), and what is queued starts."""
+        with self.lock:
+            self.send, self.cancel_slots = send, cancel_slots
+            for r in self.busy:
+                self.busy[r] = None
+            self.dispatch()
+            self.lock.notify_all()
 
     def describe(self) -> str:
         with self.lock:

@@ -25,7 +25,8 @@ from typing import Any
 
 METHODS = ("spawn", "forkserver")
 #: What the fork server imports before the first worker forks: what every worker imports first.
-PRELOAD = ("torch", "vllm_omni.diffusion.worker.diffusion_worker", "omni_ext.executor.worker")
+PRELOAD = ("torch", "vllm_omni.diffusion.worker.diffusion_worker", "omni_ext.executor.worker",
+           "omni_ext.executor.fork_server")  # the last: the fork server outlives a stop signal for the group
 
 
 def start_method(section: dict[str, Any], device_type: str) -> str:
@@ -52,9 +53,14 @@ def worker_context(method: str):
     return ctx
 
 
+#: The executor's process id, in its workers' environment (:func:`omni_ext.executor.worker.worker_main`).
+EXECUTOR_PID = "OMNI_EXT_EXECUTOR_PID"
+
+
 def worker_environ() -> dict[str, str]:
-    """The environment a worker started now should have (the executor's, as a spawn would pass it)."""
-    return dict(os.environ)
+    """The environment a worker started now should have (the executor's, as a spawn would pass it, and the
+    executor's pid: a worker outlives a stop signal only while its executor lives)."""
+    return {**os.environ, EXECUTOR_PID: str(os.getpid())}
 
 
 def apply_environ(env: dict[str, str] | None) -> None:

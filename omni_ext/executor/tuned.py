@@ -35,11 +35,29 @@ between the two, which job starts where and when, is the executor's :class:`Rank
 and one reader thread per rank that hands it their answers. A cancel reaches a running rank through
 shared memory (:mod:`omni_ext.executor.role`), not the pipe.
 
-Failure. A monitor thread waits on the worker processes' sentinels: when one dies, every request
-queued or running fails at once with an error naming the worker, the signal and the request, the
-remaining workers are stopped, ``check_health`` raises ``EngineDeadError`` (``/health`` -> 503) and
-the engine's failure callbacks run. A watchdog thread fails the executor the same way when a job
-overruns its time limit (its CFG group can no longer be trusted).
+Failure and healing. A monitor thread waits on the worker processes' sentinels; a watchdog thread
+watches the running jobs' time limits. When a worker dies, the jobs running or paused on its CFG
+group fail at once with an error naming the worker, the signal and each request; jobs on the other
+groups and jobs still queued are untouched. A job past its time limit is first stopped at its next
+denoise step through the cancel board (it fails with the watchdog's reason, nothing is killed); only
+a job still running ``omni_ext.healing.grace_s`` later has its group's workers killed, as if one died.
+
+The executor then replaces its workers and reloads the model (:meth:`TunedExecutor._heal`), and does
+so for the WHOLE worker set: every worker process of every group is one torch.distributed world
+(vLLM-Omni's ``init_distributed_environment`` with ``world_size`` W; its CFG, TP, SP and DP groups are
+sub-groups of it), and neither gloo nor HCCL/NCCL can take a new process into a live world, so a
+dead rank's replacement needs a new world. Per-group worlds (each group started as its own world
+of cfg x tp x sp processes on a port of its own, as vLLM-Omni starts a one-group server) would let
+the other groups serve on through a respawn; that is the better design and a larger change (the
+start-up per group, each rank's device against its rank in its world, the ``dp-world`` patch), not
+made yet. What is done instead is the simplest correct thing: the other groups finish the jobs
+running or paused on them (their collectives never include the dead rank), nothing new starts, then
+every worker is stopped and a new set started; queued jobs wait and start on it. Meanwhile the executor's healing record
+(:func:`omni_ext.progress.write_healing`) says "respawning", so that the API process answers 503 with a
+Retry-After instead of admitting work, and ``/health`` says so (:mod:`omni_ext.healing`). After
+``max_respawns`` respawns within ``window_s`` (:mod:`omni_ext.scheduler.respawn`) the executor gives
+up: it fails like vLLM-Omni's executor (``check_health`` raises ``EngineDeadError``) and its record
+says "exhausted", on which the API process exits non-zero, so that a supervisor restarts the server.
 """
 
 from __future__ import annotations
@@ -60,13 +78,15 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.executor.abstract import DiffusionExecutor
 
+from omni_ext import progress
 from omni_ext.executor import ascend, protocol, start
 from omni_ext.executor.ranks import Job, RankQueue, resolve
 from omni_ext.executor.role import new_board
 from omni_ext.models import families
 from omni_ext.platform import devices
 from omni_ext.scheduler import layout, placement
-from omni_ext.scheduler.config import CfgMode, omni_ext_section, scheduler_config
+from omni_ext.scheduler.config import CfgMode, healing_config, omni_ext_section, scheduler_config
+from omni_ext.scheduler.respawn import RespawnBudget, Watchdog, watchdog_action
 
 logger = logging.getLogger("omni_ext.executor")
 
@@ -144,6 +164,7 @@ class TunedExecutor(DiffusionExecutor):
         additional = getattr(cfg, "additional_config", None)
         try:
             self.sched = scheduler_config(additional, getattr(cfg, "cache_backend", None))
+            self.healing = healing_config(additional)
         except ValueError as exc:
             raise ValueError(f"omni-ext TunedExecutor: {exc}") from None
         # The registered patch dp-world has already made omni-ext's data_parallel_size the stage's
@@ -198,6 +219,14 @@ class TunedExecutor(DiffusionExecutor):
         self._failure: str | None = None
         self._callbacks: list = []
         self._rpc_replies: dict[str, dict[int, tuple[bool, Any]]] = {}
+        self._gen = 0  # the worker set's generation: a thread of an older one ends quietly
+        self._expected: set[int] = set()  # ranks of this generation stopped on purpose (not deaths)
+        self._healing = False
+        self._budget = RespawnBudget(self.healing)
+        self._counts = {"worker_deaths": 0, "respawns": 0, "watchdog_stops": 0, "watchdog_kills": 0}
+        self._start_s = 0.0  # how long the last worker set took to start (the API's Retry-After while respawning)
+        self._state: dict[str, Any] = {}
+        self._record("serving")
         self._launch_workers()
         self.ranks = RankQueue(
             self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
@@ -207,14 +236,8 @@ class TunedExecutor(DiffusionExecutor):
             and float(getattr(cfg, "request_batch_max_wait_ms", 0) or 0) > 0,
         )
         self._lock = self.ranks.lock
-        self._threads = [
-            threading.Thread(target=self._reader, args=(r,), daemon=True, name=f"omni-ext-reader-{r}")
-            for r in range(world)
-        ]
-        self._threads.append(threading.Thread(target=self._monitor, daemon=True, name="omni-ext-monitor"))
-        self._threads.append(threading.Thread(target=self._watchdog, daemon=True, name="omni-ext-watchdog"))
-        for t in self._threads:
-            t.start()
+        self._start_threads()
+        threading.Thread(target=self._watchdog, daemon=True, name="omni-ext-watchdog").start()
         logger.info(
             "omni-ext TunedExecutor: %d worker(s), %d group(s) %s of cfg %d x tp*sp %d, backend %s, scheduler "
             "cfg_mode=%s order=%s%s%s, workers started by %s",
@@ -254,11 +277,24 @@ class TunedExecutor(DiffusionExecutor):
 
         return build_request_batch_sampling_params_key
 
+    def _start_threads(self) -> None:
+        """A reader per rank and the monitor, for the worker set of this generation."""
+        gen = self._gen
+        self._threads = [
+            threading.Thread(target=self._reader, args=(r, self._conns[r]), daemon=True, name=f"omni-ext-reader-{r}")
+            for r in range(self.world)
+        ]
+        self._threads.append(threading.Thread(target=self._monitor, args=(gen, list(self._procs)), daemon=True,
+                                              name=f"omni-ext-monitor-{gen}"))
+        for t in self._threads:
+            t.start()
+
     def _launch_workers(self) -> None:
         from vllm.v1.executor.multiproc_executor import set_multiprocessing_worker_envs
 
         from omni_ext.executor.worker import worker_main
 
+        t0 = time.monotonic()
         set_multiprocessing_worker_envs()
         with _environ(self.worker_env):
             ctx = start.worker_context(self.start_method)
@@ -303,6 +339,7 @@ class TunedExecutor(DiffusionExecutor):
         except BaseException:
             self._kill_workers()
             raise
+        self._start_s = time.monotonic() - t0
 
     # ------------------------------------------------------------------ contract
     @property
@@ -363,8 +400,10 @@ class TunedExecutor(DiffusionExecutor):
 
     def check_health(self) -> None:
         self._ensure_alive()
+        if self._healing:
+            return  # the workers are being replaced: the monitor has reported the death
         for rank, proc in enumerate(self._procs):
-            if not proc.is_alive():
+            if not proc.is_alive() and rank not in self._expected:
                 self._on_worker_death([rank])
                 self._ensure_alive()
 
@@ -442,8 +481,7 @@ class TunedExecutor(DiffusionExecutor):
             protocol.send(self._conns[rank], msg)
 
     # ------------------------------------------------------------------ threads
-    def _reader(self, rank: int) -> None:
-        conn = self._conns[rank]
+    def _reader(self, rank: int, conn: Any) -> None:
         while True:
             try:
                 msg = protocol.recv(conn)
@@ -467,29 +505,45 @@ class TunedExecutor(DiffusionExecutor):
                 self._rpc_replies[reply.rpc_id][rank] = (reply.ok, reply.result)
             self._lock.notify_all()
 
-    def _monitor(self) -> None:
-        sentinels = {p.sentinel: r for r, p in enumerate(self._procs)}
-        try:
-            ready = multiprocessing.connection.wait(list(sentinels))
-        except OSError:
-            return
-        if self._closed:
-            return
-        self._on_worker_death([sentinels[s] for s in ready])
+    def _monitor(self, gen: int, procs: list) -> None:
+        """Wait on the sentinels of generation ``gen``'s workers; report each death that was not asked for."""
+        sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+        while sentinels:
+            try:
+                ready = multiprocessing.connection.wait(list(sentinels))
+            except OSError:
+                return
+            if self._closed or gen != self._gen:
+                return
+            dead = [sentinels.pop(s) for s in ready]
+            with self._lock:
+                dead = [r for r in dead if r not in self._expected]
+            if dead:
+                self._on_worker_death(dead)
 
     def _watchdog(self) -> None:
+        """A job past its time limit is stopped at its next step (it fails, nothing is killed); one that
+        has not stopped ``grace_s`` later has its group's workers killed and replaced (:meth:`_heal`)."""
         while not (self._closed or self._failed):
             time.sleep(1.0)
             now = time.monotonic()
-            late = self.ranks.late(now)
-            if late:
-                job = late[0]
-                self._fail(
-                    f"omni-ext: request {job.request_id} exceeded its time limit of "
-                    f"{job.deadline - job.started:.0f} s (about 10x its expected cost) on worker(s) {list(job.ranks)}; "
-                    "the worker group is stopped (set OMNI_EXT_JOB_TIMEOUT_FACTOR or OMNI_EXT_JOB_TIMEOUT_S to change)",
-                    culprit=job,
-                )
+            for job in self.ranks.late(now):
+                action = watchdog_action(now, job.deadline, job.stop_asked, self.healing.grace_s)
+                limit = f"{(job.deadline or now) - (job.started or now):.0f} s"
+                if action is Watchdog.STOP:
+                    self._counts["watchdog_stops"] += 1
+                    self._record()
+                    self.ranks.stop_late(job, (
+                        f"omni-ext: request {job.request_id} exceeded its time limit of {limit} on worker(s) "
+                        f"{list(job.ranks)} and was stopped by the watchdog (the limit is 10x its expected cost, at "
+                        "least 120 s; OMNI_EXT_JOB_TIMEOUT_FACTOR, OMNI_EXT_JOB_TIMEOUT_MIN_S or OMNI_EXT_JOB_TIMEOUT_S "
+                        "change it)"), now)
+                elif action is Watchdog.KILL:
+                    self._counts["watchdog_kills"] += 1
+                    self._heal(list(job.ranks), (
+                        f"omni-ext: request {job.request_id} did not stop within {self.healing.grace_s:g} s after "
+                        f"passing its time limit of {limit}; the watchdog killed worker(s) {list(job.ranks)}"))
+                    break
 
     def _on_worker_death(self, ranks: list[int]) -> None:
         details = []
@@ -505,17 +559,89 @@ class TunedExecutor(DiffusionExecutor):
             else:
                 how = f"exit code {code}"
             details.append(f"{p.name} (rank {r}, pid {p.pid}) died with {how}")
-        victims = self.ranks.on_ranks(ranks)
-        what = "; ".join(details)
-        culprit = victims[0] if victims else None
-        self._fail(
-            f"omni-ext: diffusion worker {what}"
-            + (f" while running request {culprit.request_id}" if culprit else "")
-            + "; the executor is stopped and /health reports unhealthy",
-            culprit=culprit,
-        )
+        self._counts["worker_deaths"] += len(ranks)
+        self._heal(ranks, "omni-ext: diffusion worker " + "; ".join(details))
 
-    def _fail(self, reason: str, culprit: Job | None = None) -> None:
+    def _heal(self, ranks: list[int], reason: str) -> None:
+        """Fail the jobs on the groups of ``ranks`` with ``reason`` and replace the workers (module
+        docstring), or give up once the respawn budget is spent. Called from the monitor or the
+        watchdog; the replacement runs in a thread of its own."""
+        group = self.ranks.group_of(ranks)
+        with self._lock:
+            if self._closed or self._failed:
+                return
+            self._expected.update(group)  # the rest of the group is stopped on purpose
+            first = not self._healing
+            if first:
+                allowed = self._budget.allow(time.monotonic())
+                if allowed:
+                    self._healing = True
+                    self.ranks.hold += 1
+        logger.error("%s", reason)
+        self.ranks.fail_on(group, reason)
+        self._kill_workers([self._procs[r] for r in group], now=True)  # a rank may hang in a collective with a dead one
+        if not first:
+            self._record()  # the counts; a respawn is already under way: it replaces these too
+            return
+        if not allowed:
+            self._fail(f"{reason}; {self._budget.refusal(time.monotonic())}", exhausted=True)
+            return
+        self._counts["respawns"] += 1
+        self._record("respawning", reason)
+        threading.Thread(target=self._respawn, args=(reason,), daemon=True, name="omni-ext-respawn").start()
+
+    def _respawn(self, reason: str) -> None:
+        """Wait for the jobs still running elsewhere, stop every worker, start a new set, serve again."""
+        t0 = time.monotonic()
+        with self._lock:
+            while self.ranks.others_running() and not self._closed:
+                self._lock.wait(0.5)
+            if self._closed:
+                return
+            self._expected.update(range(self.world))
+            self._gen += 1
+        logger.warning("omni-ext TunedExecutor: replacing all %d worker(s) and reloading the model (%s)", self.world,
+                       reason)
+        old_procs, old_conns, old_threads = list(self._procs), list(self._conns), list(self._threads)
+        for rank, proc in enumerate(old_procs):
+            if proc.is_alive():
+                with contextlib.suppress(Exception):
+                    self._post(rank, protocol.Shutdown())
+        deadline = time.monotonic() + 10
+        for proc in old_procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self._kill_workers(old_procs)
+        for reader in old_threads[: self.world]:
+            reader.join(5.0)
+        for conn in old_conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+        try:
+            self._launch_workers()
+        except BaseException as exc:
+            self._fail(f"{reason}; the replacement workers did not start: {exc}", exhausted=True)
+            return
+        if self._closed:  # shut down meanwhile
+            self._kill_workers()
+            return
+        with self._lock:
+            self._expected.clear()
+            self._start_threads()
+            self._healing = False
+            self.ranks.hold -= 1
+            self.ranks.respawned(self._post, self._cancel_slots)
+        self._record("serving")
+        logger.warning("omni-ext TunedExecutor: serving again after %.1f s with new workers %s", time.monotonic() - t0,
+                       sorted(self._pids.values()))
+
+    def _record(self, state: str | None = None, reason: str = "") -> None:
+        """This executor's healing record for the API process (:func:`omni_ext.progress.write_healing`):
+        ``state`` ("serving", "respawning", "exhausted") and its reason, or (None) the counts only."""
+        if state is not None:
+            self._state = {"state": state, "reason": reason, "since": time.time()}
+        progress.write_healing({**self._state, "start_s": self._start_s, "counts": dict(self._counts)})
+
+    def _fail(self, reason: str, culprit: Job | None = None, exhausted: bool = False) -> None:
         with self._lock:
             if self._failed or self._closed:
                 return
@@ -526,15 +652,20 @@ class TunedExecutor(DiffusionExecutor):
             msg = reason if job is culprit else f"{reason} (request {job.request_id} was queued or running)"
             resolve(job, DiffusionOutput(error=msg))
         self._kill_workers()
+        if exhausted:
+            self._record("exhausted", reason)
         for cb in self._callbacks:
             try:
                 cb()
             except Exception:
                 logger.exception("failure callback raised")
 
-    def _kill_workers(self) -> None:
-        for action, grace in (("terminate", 5.0), ("kill", 5.0)):
-            alive = [p for p in getattr(self, "_procs", []) if p.is_alive()]
+    def _kill_workers(self, procs: list | None = None, now: bool = False) -> None:
+        """Stop ``procs`` (default: every worker): SIGTERM, then SIGKILL 5 s later (``now``: SIGKILL at
+        once, for a group whose rank hangs in a collective with a dead one)."""
+        steps = (("kill", 5.0),) if now else (("terminate", 5.0), ("kill", 5.0))
+        for action, grace in steps:
+            alive = [p for p in (getattr(self, "_procs", []) if procs is None else procs) if p.is_alive()]
             if not alive:
                 return
             for p in alive:

@@ -43,18 +43,33 @@ from omni_ext.scheduler.placement import JobMode, Units
 
 logger = logging.getLogger("omni_ext.executor")
 
+#: A worker stopped by SIGTERM or SIGINT exits with this plus the signal's number (a shell's convention).
+STOPPED_BASE = 128
+
 
 def worker_main(rank: int, od_config, conn, cancel_slots=None, environ: dict[str, str] | None = None) -> None:
-    from omni_ext.executor.start import apply_environ
+    from omni_ext.executor.start import EXECUTOR_PID, apply_environ
+    from omni_ext.progress import pid_alive
 
     apply_environ(environ)  # a forked worker: the executor's environment, not its fork server's
     shutdown = False
+    stop_code = 0
+
+    executor = int(os.environ.get(EXECUTOR_PID, "0") or 0)
 
     def on_signal(signum, frame):
-        nonlocal shutdown
+        # A stop signal for the whole server (`kill -- -PGID`, a terminal's Ctrl-C, a supervisor that signals
+        # every process, or the death signal of a fork server that got it) while the executor lives: the
+        # API process drains (running jobs finish, omni_ext.api.drain) and then stops this worker through
+        # the executor. Dying now would take the running job with it.
+        nonlocal shutdown, stop_code
+        if executor and pid_alive(executor):
+            logger.info("omni-ext worker %d: %s ignored while the executor (pid %d) lives: it stops this worker",
+                        rank, signal.Signals(signum).name, executor)
+            return
         if not shutdown:
-            shutdown = True
-            raise SystemExit(128 + signum)
+            shutdown, stop_code = True, STOPPED_BASE + signum
+            raise SystemExit(stop_code)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -117,6 +132,8 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None, environ: dict[str
             worker.shutdown()
         except Exception as exc:  # pragma: no cover
             logger.warning("omni-ext worker %d: shutdown error: %s", rank, exc)
+        if shutdown:  # stopped by SIGTERM/SIGINT: say so in the exit status
+            os._exit(stop_code)
 
 
 class JobThread(threading.Thread):

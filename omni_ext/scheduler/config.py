@@ -160,3 +160,51 @@ def scheduler_config(additional_config: Any, cache_backend: str | None = None) -
 
         config = replace(config, seconds_per_unit=cached_seed(config.seconds_per_unit, cache_backend))
     return config
+
+
+@dataclass(frozen=True)
+class HealingConfig:
+    """How the TunedExecutor heals (``--additional-config '{"omni_ext": {"healing": {...}}}'``; the
+    mechanism is :mod:`omni_ext.executor.tuned`'s, the budget rule :mod:`omni_ext.scheduler.respawn`).
+
+    ``max_respawns`` (3): worker sets the executor may start again within ``window_s``; the next
+    failure inside the window makes the server exit non-zero, so that a supervisor restarts it
+    (a fault that comes back every few minutes is not one respawning hides). 0: never respawn.
+    ``window_s`` (600): the window, in seconds, over which respawns are counted.
+    ``grace_s`` (60): a job past its time limit is first stopped at its next denoise step; its
+    workers are killed (and respawned) only if it has not stopped this many seconds later. A job
+    past its denoise loop has no step left to stop at: its decode runs to its end (tens of seconds
+    for a long video on a device), which the default leaves room for.
+    """
+
+    max_respawns: int = 3
+    window_s: float = 600.0
+    grace_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_respawns, bool) or not isinstance(self.max_respawns, int) or self.max_respawns < 0:
+            raise ValueError(f"omni_ext.healing.max_respawns must be an integer >= 0, got {self.max_respawns!r}")
+        if not self.window_s > 0:
+            raise ValueError(f"omni_ext.healing.window_s must be > 0, got {self.window_s!r}")
+        if not self.grace_s >= 0:
+            raise ValueError(f"omni_ext.healing.grace_s must be >= 0, got {self.grace_s!r}")
+
+
+def healing_config(additional_config: Any) -> HealingConfig:
+    """:class:`HealingConfig` from ``additional_config``; a ``ValueError`` for an unknown key or a
+    value of the wrong type, as :func:`scheduler_config`."""
+    section = omni_ext_section(additional_config).get("healing") or {}
+    if not isinstance(section, dict):
+        raise ValueError("omni_ext.healing must be a JSON object")
+    known = {f.name for f in fields(HealingConfig)}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ValueError(f"unknown omni_ext.healing option(s) {unknown}; known: {sorted(known)}")
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        if key in ("window_s", "grace_s"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"omni_ext.healing.{key} must be a number, got {value!r}")
+            value = float(value)
+        values[key] = value
+    return HealingConfig(**values)

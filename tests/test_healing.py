@@ -1,0 +1,122 @@
+"""A server that heals itself, without a server: the respawn budget and the watchdog's two stages
+(``omni_ext.scheduler.respawn``), their options (``omni_ext.scheduler.config``), the executor's queue
+failing only the jobs on a dead group (its pipes replaced by a list), and the healing records the API
+process reads (``omni_ext.progress``, ``omni_ext.healing``). On real servers: ``tests/test_drills.py``'s
+worker-kill drill."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from omni_ext import healing, progress
+from omni_ext.scheduler.config import HealingConfig, healing_config
+from omni_ext.scheduler.respawn import RespawnBudget, Watchdog, watchdog_action
+from tests.helpers import rank_queue, wan_request
+
+
+def test_respawn_budget_counts_respawns_in_a_sliding_window() -> None:
+    budget = RespawnBudget(HealingConfig(max_respawns=2, window_s=100.0))
+    assert budget.allow(0.0) and budget.allow(10.0)
+    assert not budget.allow(50.0)  # a third within 100 s: give up
+    assert "2 respawn(s) within the last 100 s" in budget.refusal(50.0)
+    assert budget.allow(100.0)  # the first left the window (the refused one was never counted)
+    assert not budget.allow(109.0) and budget.allow(110.0)
+    assert not RespawnBudget(HealingConfig(max_respawns=0)).allow(0.0)  # 0: never respawn
+
+
+def test_the_watchdog_stops_first_and_kills_only_after_the_grace_period() -> None:
+    assert watchdog_action(10.0, None, None, 5.0) is Watchdog.NOTHING  # no limit
+    assert watchdog_action(10.0, 10.0, None, 5.0) is Watchdog.NOTHING  # not past it
+    assert watchdog_action(10.5, 10.0, None, 5.0) is Watchdog.STOP
+    assert watchdog_action(15.5, 10.0, 10.5, 5.0) is Watchdog.NOTHING  # asked, still within the grace
+    assert watchdog_action(15.6, 10.0, 10.5, 5.0) is Watchdog.KILL
+
+
+def test_healing_options_come_from_additional_config_and_typos_fail() -> None:
+    assert healing_config(None) == HealingConfig()
+    got = healing_config('{"omni_ext": {"healing": {"max_respawns": 1, "window_s": 60, "grace_s": 2}}}')
+    assert got == HealingConfig(max_respawns=1, window_s=60.0, grace_s=2.0)
+    for bad, needle in (({"max_respawn": 1}, "unknown omni_ext.healing option"), ({"max_respawns": -1}, ">= 0"),
+                        ({"max_respawns": True}, "integer"), ({"window_s": "5"}, "number"), ({"window_s": 0}, "> 0")):
+        with pytest.raises(ValueError, match=needle):
+            healing_config({"omni_ext": {"healing": bad}})
+
+
+def test_a_dead_group_fails_only_its_jobs_queued_ones_wait_and_start_on_the_new_workers() -> None:
+    rq = rank_queue(world=2, cfg_size=1, settle_s=0, preempt=False)  # two groups of one rank: [0], [1]
+    a, b, c = (rq.submit(f"r{i}", wan_request()) for i in range(3))
+    assert {a.ranks, b.ranks} == {(0,), (1,)} and c.ranks == ()
+    dead = a if a.ranks == (0,) else b
+    other = b if dead is a else a
+    rq.hold += 1  # the executor holds starts while it heals
+    assert rq.group_of([0]) == (0,)
+    assert rq.fail_on((0,), "omni-ext: diffusion worker DiffusionWorker-0 (rank 0, pid 1) died with SIGKILL") == [dead]
+    err = dead.future.result(timeout=1).error
+    assert "died with SIGKILL" in err and f"request {dead.request_id} was running on rank(s) [0]" in err
+    assert not other.future.done() and not c.future.done() and rq.busy[0] == "respawning"
+    from omni_ext.executor.protocol import JobDone
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    rq.on_done(1, JobDone(other.job_id, 1, DiffusionOutput(output=None), True, 0.1))
+    assert other.future.done() and not other.future.result().error
+    assert c.ranks == () and rq.others_running() == []  # held: nothing started on the free rank 1
+    rq.hold -= 1
+    rq.respawned(rq.send, [0] * len(rq.cancel_slots))
+    assert c.ranks in ((0,), (1,))  # the queued job starts on the new workers
+
+
+def test_the_watchdog_stop_fails_the_job_with_its_reason_and_cancels_it_at_the_next_step() -> None:
+    rq = rank_queue(world=2, cfg_size=1, settle_s=0, preempt=False)
+    job = rq.submit("slow", wan_request())
+    job.deadline = time.monotonic()  # its time limit (none yet: nothing measured)
+    rq.stop_late(job, "omni-ext: request slow exceeded its time limit", time.monotonic())
+    assert job.future.result(timeout=1).error == "omni-ext: request slow exceeded its time limit"
+    assert all(rq.cancel_slots[r] == job.seq for r in job.ranks) and job.stop_asked is not None
+    assert rq.late(job.deadline + 1) == [job]  # still running until it stops: the grace period counts from here
+
+
+def test_the_api_reads_respawning_exhausted_and_counts_from_the_executors_records(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    assert healing.refusal() is None and progress.read_healing() == progress.Healing()
+    progress.write_healing({"state": "respawning", "reason": "worker died", "since": time.time(), "start_s": 30.0,
+                            "counts": {"worker_deaths": 1, "respawns": 1}})
+    state = progress.read_healing()
+    assert state.respawning and state.reason == "worker died" and state.counts == {"worker_deaths": 1, "respawns": 1}
+    refused = healing.refusal()
+    assert refused.status == 503 and refused.code == "respawning" and 28 <= int(refused.headers["retry-after"]) <= 30
+    # a record of a process that is gone counts, but says nothing about now; another live one serving: admit
+    dead = tmp_path / progress.HEALING_DIR / "999999999.json"
+    dead.write_text(json.dumps({"state": "respawning", "counts": {"respawns": 2}}))
+    progress.write_healing({"state": "serving", "counts": {"worker_deaths": 1, "respawns": 1}})
+    state = progress.read_healing()
+    assert not state.respawning and state.counts["respawns"] == 3 and healing.refusal() is None
+    dead.write_text(json.dumps({"state": "exhausted", "reason": "4 respawn(s)", "counts": {}}))
+    os.utime(dead, ns=(1, 1))  # a changed record is read again even with an older time stamp
+    assert progress.read_healing().exhausted == "4 respawn(s)" and healing.refusal().code == "server_stopping"
+
+
+def test_health_says_respawning_with_a_retry_after_and_is_the_stock_answer_otherwise(tmp_path: Path, monkeypatch) -> None:
+    from fastapi import APIRouter, FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from fastapi.testclient import TestClient
+
+    async def stock(raw_request: Request) -> JSONResponse:
+        return JSONResponse({"status": "healthy", "path": raw_request.url.path})
+
+    router = APIRouter()
+    router.add_api_route("/health", healing.health_route(stock), methods=["GET"])
+    app = FastAPI()
+    app.include_router(router)
+    client = TestClient(app)
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    assert client.get("/health").json() == {"status": "healthy", "path": "/health"}
+    progress.write_healing({"state": "respawning", "reason": "worker died", "since": time.time(), "start_s": 5.0,
+                            "counts": {}})
+    got = client.get("/health")
+    assert got.status_code == 503 and got.json()["status"] == "respawning" and got.json()["reason"] == "worker died"
+    assert 1 <= int(got.headers["retry-after"]) <= 5
