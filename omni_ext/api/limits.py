@@ -42,3 +42,20 @@ MAX_PLACEMENTS_PAGE = 1000  # ``limit`` of ``GET /v1/omni_ext/placements``
 #: aging (one step per ``aging_s`` waited) lifts any job to the front within a known time.
 MIN_PRIORITY = -1000
 MAX_PRIORITY = 1000
+
+# ---- bodies and slow clients (defaults; settings ``omni_ext.api.*``: :mod:`omni_ext.api.bodies`) -------------
+#: Upload bytes of one request body (``max_upload_mb``): past it, 413 before the rest is read.
+MAX_UPLOAD_MB = 32
+#: Request bodies held in memory at once on omni-ext's upload routes (``max_body_memory_mb``), reserved
+#: by each body's declared length (the upload limit when it declares none) before a byte of it is read.
+MAX_BODY_MEMORY_MB = 256
+#: How long a body waits for room in that budget (``body_wait_s``) before a 503 + ``Retry-After``.
+BODY_WAIT_S = 10.0
+#: From connection (or the end of the previous response) to the end of a request's headers
+#: (``header_timeout_s``): past it, 408 and the connection closes.
+HEADER_TIMEOUT_S = 30.0
+#: The longest silence inside a body, and the time a body may take on top of its bytes at the minimum
+#: rate (``body_timeout_s``): past either, 408 and the connection closes.
+BODY_TIMEOUT_S = 30.0
+#: The slowest sustained upload accepted (``body_min_rate_kib_s``, KiB/s): a 32 MiB body gets 30 s + 512 s.
+BODY_MIN_RATE_KIB_S = 64.0

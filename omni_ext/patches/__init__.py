@@ -162,8 +162,11 @@ PATCHES: tuple[Patch, ...] = (
             "vLLM-Omni has no hook for routes, and its /v1/videos accepts only multipart (OpenAI SDKs "
             "before 2.27 send JSON), keeps jobs in memory (a restart loses them), reports no progress "
             "or poll interval, lacks response_format=url for images, and encodes MP4s on the event "
-            "loop. The patch swaps those routes on vLLM-Omni's module router for omni-ext's before the "
-            "app includes it, and opens omni-ext's job store when the app state is initialised."
+            "loop. Its /health knows nothing of a TunedExecutor replacing its workers. The patch swaps those "
+            "routes on vLLM-Omni's module router for omni-ext's before the app includes it (/health first "
+            "reads the executors' healing records), and opens omni-ext's job store, starts the healing "
+            "watch, puts the drain in front of the engine's stop and re-queues the requests kept by a "
+            "previous process (omni_ext.api.drain) when the app state is initialised."
         ),
         versions="==0.30.0",
         where="api",
@@ -363,6 +366,25 @@ PATCHES: tuple[Patch, ...] = (
         removal="Drop once the upstream diff (or an equivalent) is in a vLLM-Omni release we pin.",
         upstream="not yet filed; patches/0014-dmd2-mixin-forward-kwargs.diff is ready to send",
         apply="omni_ext.patches.dmd2_forward:apply",
+    ),
+    Patch(
+        name="http-header-timeout",
+        target="vllm_omni.entrypoints.openai.api_server:serve_http",
+        why=(
+            "vLLM-Omni serves through vLLM's serve_http with uvicorn's automatic protocol (httptools), which "
+            "waits for a request's headers for ever: a client that sends one header byte every few seconds "
+            "(slowloris) holds a connection and a file descriptor indefinitely, since every byte cancels "
+            "uvicorn's keep-alive timer and the app is only called once the headers are complete. The "
+            "serve_http that vLLM-Omni calls passes uvicorn's documented 'http' option: the same protocol "
+            "with a header time-out (omni_ext.api.header_timeout_s, default 30 s; 408 and close)."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0015-http-header-read-timeout.diff",
+        test="tests/test_bodies.py::test_header_trickle_bug_and_fix",
+        removal="Drop once vLLM's serve_http (or uvicorn) bounds the time to a request's headers.",
+        upstream="not yet filed; patches/0015-http-header-read-timeout.diff (against vLLM's launcher) is ready to send",
+        apply="omni_ext.patches.http_timeouts:apply",
     ),
 )
 
