@@ -7,6 +7,8 @@ test asks for one; tests then share them for the whole session.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -22,14 +24,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TUNED = "omni_ext.executor.TunedExecutor"
 
+#: The keyed servers' keys: tenant A (the key tests/test_api.py and the playground use), tenant B, admin.
+TENANT_KEYS = ("sk-omni-ext-test", "sk-omni-ext-other", "sk-omni-ext-admin")
+
 # name -> (tiny model, extra serve args, extra env)
 SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "wan": ("wan2.1-t2v", [], {"OMNI_EXT_API_MAX_UPLOAD_MB": "2"}),
     "wan-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2"], {}),
     "qwen": ("qwen-image", [], {}),
-    "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2"], {}),
-    # omni-ext's API with --api-key and its own job directory (tests/test_api.py, tests/test_playground.py).
-    "wan-api": ("wan2.1-t2v", ["--api-key", "sk-omni-ext-test"], {"OMNI_EXT_API_TTL_S": "3600"}),
+    # also keyed like wan-api, its admin named by the key itself (tests/test_tenants.py: image links per tenant)
+    "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--api-key", *TENANT_KEYS],
+                  {"OMNI_EXT_API_ADMIN_KEYS": TENANT_KEYS[2]}),
+    # omni-ext's API with --api-key and its own job directory (tests/test_api.py, tests/test_playground.py):
+    # three keys, two tenants and an admin named by its hash (tests/test_tenants.py); the TunedExecutor, whose
+    # placement journal shows each key its own requests.
+    "wan-api": ("wan2.1-t2v", ["--api-key", *TENANT_KEYS, "--distributed-executor-backend", TUNED, "--additional-config", json.dumps(
+        {"omni_ext": {"api": {"admin_keys": ["sha256:" + hashlib.sha256(TENANT_KEYS[2].encode()).hexdigest()]}}})],
+        {"OMNI_EXT_API_TTL_S": "3600"}),
     # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,
     # which the tests of those patches show.
     "wan-stock": (

@@ -39,11 +39,19 @@ IMAGE = {"prompt": "a lighthouse at dusk", "negative_prompt": "blurry", "true_cf
 def video_sync(server, **fields) -> requests.Response:
     data = {**VIDEO, **{k: str(v) for k, v in fields.items()}}
     # multipart/form-data, exactly as vLLM-Omni's curl examples send it
-    return requests.post(server.url + "/v1/videos/sync", files={k: (None, v) for k, v in data.items()}, timeout=300)
+    return requests.post(server.url + "/v1/videos/sync", files={k: (None, v) for k, v in data.items()},
+                         headers=auth(server), timeout=300)
+
+
+def auth(server) -> dict[str, str]:
+    """The headers of the first key a server was started with (``--api-key``), or none."""
+    args = list(server.args)
+    return {"Authorization": f"Bearer {args[args.index('--api-key') + 1]}"} if "--api-key" in args else {}
 
 
 def image_gen(server, **fields) -> requests.Response:
-    return requests.post(server.url + "/v1/images/generations", json={**IMAGE, **fields}, timeout=300)
+    return requests.post(server.url + "/v1/images/generations", json={**IMAGE, **fields}, headers=auth(server),
+                         timeout=300)
 
 
 def png_from(resp: requests.Response) -> bytes:
@@ -58,6 +66,7 @@ def placements(server, after: float = 0.0, kind: str | None = None) -> list[dict
     events: list[dict] = []
     while True:
         resp = requests.get(server.url + "/v1/omni_ext/placements", params={"after": repr(after), "limit": 1000},
+                            headers=auth(server),
                             timeout=30)
         assert resp.status_code == 200, resp.text
         body = resp.json()
@@ -69,7 +78,7 @@ def placements(server, after: float = 0.0, kind: str | None = None) -> list[dict
 
 def events_mark(server) -> float:
     """A cursor for :func:`new_events`: the time of the newest placement event so far (0 if none)."""
-    resp = requests.get(server.url + "/v1/omni_ext/placements", params={"limit": 1}, timeout=30)
+    resp = requests.get(server.url + "/v1/omni_ext/placements", params={"limit": 1}, headers=auth(server), timeout=30)
     assert resp.status_code == 200, resp.text
     data = resp.json()["data"]
     return data[-1]["time"] if data else 0.0

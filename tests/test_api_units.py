@@ -9,17 +9,19 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from omni_ext import progress
-from omni_ext.api import limits, schemas
-from omni_ext.api.errors import APIError
+from omni_ext.api import limits, media, schemas
+from omni_ext.api.errors import APIError, StorageError
 from omni_ext.api.intake import Body, _set_nested, bounded_int, build_video_request, parse_size
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.settings import load_settings
+from omni_ext.api.tenants import SINGLE_TENANT
 from omni_ext.api.state import ApiState, get_state, native_video_defaults, resolve_video_backend, video_state
 from omni_ext.api.intake import ModelLimits
 from omni_ext.api.validation import limits_for_model
@@ -70,16 +72,63 @@ def test_store_survives_reopen_and_fails_interrupted(tmp_path: Path) -> None:
     assert reopened.fail_interrupted() == []
 
 
-def test_expiry_sweep_removes_media_keeps_record(tmp_path: Path) -> None:
+def test_expiry_sweep_removes_finished_jobs_with_their_media(tmp_path: Path) -> None:
     state = _wan_state(tmp_path)
     settings, store = state.settings, state.store
-    (settings.media_dir / "old.mp4").write_bytes(b"x")
-    (settings.media_dir / "new.mp4").write_bytes(b"y")
-    store.add(Job(id="video_old", kind="video", status="completed", expires_at=int(time.time()) - 1, media={"video": "old.mp4"}))
-    store.add(Job(id="video_new", kind="video", status="completed", expires_at=int(time.time()) + 999, media={"video": "new.mp4"}))
-    assert asyncio.run(state.sweep_expired()) == 1
+    past, future = int(time.time()) - 1, int(time.time()) + 999
+    for name in ("old.mp4", "new.mp4"):
+        (settings.media_dir / name).write_bytes(b"x" * 10)
+    state.media_bytes = 20
+    store.add(Job(id="video_old", kind="video", status="completed", expires_at=past, media={"video": "old.mp4"}))
+    store.add(Job(id="video_new", kind="video", status="completed", expires_at=future, media={"video": "new.mp4"}))
+    store.add(Job(id="video_bad", kind="video", status="failed", expires_at=past, error_code="generation_failed"))
+    store.add(Job(id="video_run", kind="video", status="in_progress", expires_at=past))  # never while it runs
+    assert state.sweep_expired() == 2
     assert not (settings.media_dir / "old.mp4").exists() and (settings.media_dir / "new.mp4").exists()
-    assert store.get("video_old").media == {} and store.get("video_old").meta["expired"] is True
+    assert store.get("video_old") is None and store.get("video_bad") is None  # the record goes with its media
+    assert store.get("video_new") is not None and store.get("video_run") is not None
+    assert state.media_bytes == 10
+
+
+def test_interrupted_jobs_fail_and_expire_like_finished_ones(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "j.sqlite")
+    store.add(Job(id="video_q", kind="video", status="queued"))
+    assert store.fail_interrupted(now=100, ttl_s=60) == ["video_q"]
+    assert store.get("video_q").expires_at == 160 and [j.id for j in store.expired(now=160)] == ["video_q"]
+
+
+def test_store_quota_drops_expired_results_first_then_answers_507(tmp_path: Path) -> None:
+    state = _wan_state(tmp_path)
+    state.settings = replace(state.settings, max_store_bytes=100)
+    past = int(time.time()) - 1
+
+    async def scenario() -> None:
+        await state.write_media("a.mp4", b"a" * 60)
+        state.store.add(Job(id="video_a", kind="video", status="completed", expires_at=past, media={"video": "a.mp4"}))
+        await state.write_media("b.mp4", b"b" * 30)
+        state.store.add(Job(id="video_b", kind="video", status="completed", media={"video": "b.mp4"}))
+        assert state.media_bytes == 90 and not state.store_full(10) and state.store_full(11)
+        await state.write_media("c.mp4", b"c" * 50)  # no room: the expired video goes, the live one stays
+        assert state.store.get("video_a") is None and not (state.settings.media_dir / "a.mp4").exists()
+        assert state.media_bytes == 80 and (state.settings.media_dir / "b.mp4").exists()
+        with pytest.raises(StorageError) as err:  # live results fill it: 507, and nothing was written
+            await state.write_media("d.mp4", b"d" * 21)
+        assert (err.value.status, err.value.code) == (507, "storage_full") and "max_store_mb" in err.value.message
+        assert not (state.settings.media_dir / "d.mp4").exists() and state.media_bytes == 80
+        state.ensure_room(20)  # exactly full is allowed
+
+    asyncio.run(scenario())
+
+
+def test_store_use_is_counted_at_start(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "x.mp4").write_bytes(b"1" * 7)
+    (tmp_path / "m" / "sub").mkdir()
+    assert media.stored_bytes(tmp_path / "m") == 7 and media.stored_bytes(tmp_path / "none") == 0
+    assert load_settings(SimpleNamespace(additional_config={"omni_ext": {"api": {"max_store_mb": 1.5}}}),
+                         {}).max_store_bytes == int(1.5 * 2**20)
+    with pytest.raises(ValueError, match="max_store_mb"):
+        load_settings(SimpleNamespace(), {"OMNI_EXT_API_MAX_STORE_MB": "-1"})
 
 
 def test_settings_channels(tmp_path: Path) -> None:
@@ -332,7 +381,7 @@ def test_video_backend_resolved_at_start_up_and_no_request_builds_state(tmp_path
         resolve_video_backend(SimpleNamespace(engine_client=object(), openai_serving_video=None), state.limits)
     assert (err.value.status, err.value.code) == (503, "video_unavailable")
     # A request never does start-up work: before the start-up hook made the state, it is answered 503.
-    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace()))
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace()), state=SimpleNamespace(), headers={})
     for route_state in (get_state, video_state):
         with pytest.raises(APIError) as err:
             route_state(request)
@@ -343,7 +392,11 @@ def test_video_backend_resolved_at_start_up_and_no_request_builds_state(tmp_path
         video_state(request)
     assert (err.value.status, err.value.code) == (503, "video_unavailable")
     state.video = backend
-    assert video_state(request) == (state, backend)
+    assert video_state(request) == (state, backend, SINGLE_TENANT)
+    state.draining = True  # a SIGTERM stopped admission: 503 with Retry-After, before the body is read
+    with pytest.raises(APIError) as err:
+        video_state(request)
+    assert (err.value.status, err.value.code) == (503, "server_draining") and err.value.headers["retry-after"] == "10"
 
 
 def test_find_job_and_read_media(tmp_path: Path) -> None:
@@ -352,14 +405,14 @@ def test_find_job_and_read_media(tmp_path: Path) -> None:
     state.store.add(Job(id="video_a", kind="video", status="completed", media={"video": "a.mp4"}))
     state.store.add(Job(id="video_gone", kind="video", status="completed", media={"video": "gone.mp4"}))
     state.store.add(Job(id="img_old", kind="image", status="completed"))
-    job = state.find_job("video", "video_a")
+    job = state.find_job("video", "video_a", SINGLE_TENANT)
     assert asyncio.run(state.read_media(job, "video", "The content of video video_a")) == b"mp4"
     cases = [
-        (lambda: state.find_job("video", "../x"), 400, "invalid_id", "Invalid video id."),
-        (lambda: state.find_job("video", "img_old"), 404, "video_not_found", "No video found with id 'img_old'."),
-        (lambda: asyncio.run(state.read_media(state.find_job("image", "img_old"), "image", "Image img_old")),
+        (lambda: state.find_job("video", "../x", SINGLE_TENANT), 400, "invalid_id", "Invalid video id."),
+        (lambda: state.find_job("video", "img_old", SINGLE_TENANT), 404, "video_not_found", "No video found with id 'img_old'."),
+        (lambda: asyncio.run(state.read_media(state.find_job("image", "img_old", SINGLE_TENANT), "image", "Image img_old")),
          404, "image_expired", "Image img_old has expired."),
-        (lambda: asyncio.run(state.read_media(state.find_job("video", "video_gone"), "video", "The content of video v")),
+        (lambda: asyncio.run(state.read_media(state.find_job("video", "video_gone", SINGLE_TENANT), "video", "The content of video v")),
          404, "video_content_missing", "The content of video v is no longer stored."),
     ]
     for call, status, code, message in cases:
@@ -948,3 +1001,33 @@ def test_a_video_input_reference_is_decoded_as_vllm_omnis_route_decodes_it(tmp_p
     with pytest.raises(APIError) as err:
         build_video_request(Body({"prompt": "x"}, {"input_reference": ("a.png", "image/png", b"not an image")}), state, {})
     assert (err.value.status, err.value.code, err.value.param) == (400, "invalid_image", "input_reference")
+
+
+def test_a_kept_request_reads_back_whole_and_a_half_written_one_is_dropped(tmp_path: Path) -> None:
+    from omni_ext.api.archive import RequestArchive
+    from omni_ext.api.intake import Body
+
+    png, other = b"\x89PNG-one", b"\x89PNG-two"
+    body = Body(fields={"prompt": "a fox", "seed": 5, "extra": {"a": [1, 2]}},
+                files={"input_reference": ("r.png", "image/png", png), "input_references": ("b.png", "image/png", other)},
+                file_lists={"input_references": [("a.png", "image/png", png), ("b.png", "image/png", other)]})
+    archive = RequestArchive(tmp_path / "requests")
+    archive.save("video_1", body)
+    back = archive.load("video_1")
+    assert back.fields == body.fields and back.files == body.files
+    assert back.parts("input_references") == body.parts("input_references") and back.parts("input_reference") == [body.files["input_reference"]]
+    assert archive.ids() == {"video_1"}
+    (tmp_path / "requests" / "video_2").mkdir()  # a save killed before its manifest
+    (tmp_path / "requests" / "video_2" / "0.bin").write_bytes(b"x")
+    assert archive.load("video_2") is None and archive.load("video_3") is None
+    archive.remove("video_1")
+    assert archive.load("video_1") is None and archive.ids() == {"video_2"}
+
+
+def test_interrupted_queued_jobs_with_a_kept_request_stay_queued(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "j.sqlite")
+    for i, status in enumerate(["queued", "queued", "in_progress"]):
+        store.add(Job(id=f"video_{i}", kind="video", status=status))
+    assert store.fail_interrupted(now=7, kept={"video_0", "video_2"}) == ["video_1", "video_2"]
+    assert [j.id for j in store.queued("video")] == ["video_0"]
+    assert store.get("video_2").error_code == "server_restarted"  # it was running: never run twice

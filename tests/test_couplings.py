@@ -43,7 +43,7 @@ def test_entries_are_complete_and_unique() -> None:
     assert version
     for c in COUPLINGS:
         assert c.kind in KINDS, c
-        assert ":" in c.name and c.name.startswith("vllm_omni."), c.name
+        assert ":" in c.name and c.name.startswith(("vllm_omni.", "vllm.")), c.name  # vLLM: where vLLM-Omni serves through it
         assert c.why and all(m.startswith("omni_ext.") for m in c.modules), c.name
         assert c.applies_to(version), f"{c.name}: checked for {c.versions}, installed {version}"
         assert bool(c.value) == (c.kind in ("constant", "call")), c.name

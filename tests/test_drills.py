@@ -15,6 +15,12 @@ checked under load and measured. RELIABILITY.md lists each drill, its promise an
   restarted with SIGTERM, then with SIGKILL): after a restart every admitted job is either completed
   (and downloadable) or failed ``server_restarted``; none is left queued or running, and finished jobs
   are still there.
+- **A worker killed** (a server of its own, TunedExecutor with two data-parallel groups of one worker):
+  killed while idle, while jobs run and while a job is paused, only the jobs on its rank fail, with an
+  error naming the worker and the signal; the other group's job and queued jobs complete; ``/health``
+  and admission answer 503 ``respawning`` until a new worker set is up, the next request is served
+  without a restart, ``/metrics`` counts each death and respawn, and the death past the respawn
+  budget ends the server with exit status 70.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import http.client
 import json
 import os
 import select
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -43,7 +50,7 @@ from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.intake import ModelLimits
 from omni_ext.server_process import ServeProcess
 from tests.helpers import (
-    DRILL_ARGS, DRILL_ENV, events_mark, fill, new_events, placements, restart_server, scrape,
+    DRILL_ARGS, DRILL_ENV, JOB, START_TIMEOUT_S, events_mark, fill, new_events, placements, scrape,
     serve_in_process, video_sync, wait_all, wait_idle,
 )
 from tests.media import decode_mp4
@@ -515,16 +522,40 @@ QUEUED = {"size": "64x64", "num_frames": 9, "num_inference_steps": 100, "negativ
 RESTART_TTL_S = 3600
 
 
+def _stop_and_start(server: ServeProcess, kill: bool) -> tuple[int | None, requests.Response | None, float]:
+    """Stop ``server`` (SIGTERM to its process group, as `kill -- -PGID`, a terminal or a supervisor sends
+    it; or SIGKILL) and start it again in place. Returns the old process's exit code, a create's answer
+    while it drained (SIGTERM), and the seconds from the signal to the new process serving."""
+    old = server.proc
+    assert old is not None
+    t0 = time.monotonic()
+    draining = None
+    os.killpg(old.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    while not kill and old.poll() is None and time.monotonic() - t0 < 20:
+        with contextlib.suppress(requests.RequestException):
+            resp = create(server, seed=99)
+            if resp.status_code == 503:
+                draining = resp
+                break
+            assert resp.status_code != 200, "a create was accepted after SIGTERM"
+        time.sleep(0.05)
+    old.wait(timeout=90)
+    server.log_path = server.log_path.with_suffix(f".{int(server.started_at)}.log")  # type: ignore[union-attr]
+    server.start().wait_ready(START_TIMEOUT_S)
+    return old.returncode, draining, time.monotonic() - t0
+
+
 @pytest.mark.server
 @pytest.mark.own_servers(  # a server for the restart drill alone, configured as wan-drill (a plain data directory)
     "wan2.1-t2v", {"restart": (DRILL_ARGS, {**DRILL_ENV, "OMNI_EXT_API_TTL_S": str(RESTART_TTL_S)})})
-def test_restart_with_a_full_queue_keeps_every_promise(own: dict[str, ServeProcess]) -> None:
-    """Twice on one server of this test's own: fill it up to ``max_queued`` (24; the next create gets
-    429), stop it (first SIGTERM to its process group, as an operator or systemd does; then SIGKILL,
-    as the OOM killer or a lost host does) and start it again: every admitted job is completed (and its
-    mp4 decodes) or failed ``server_restarted``, none is left queued or running, the job that was
-    generating at a SIGKILL is ``server_restarted``, the finished job from before is intact (with its
-    ``expires_at``), and the new process serves."""
+def test_restart_with_a_full_queue_loses_no_accepted_job(own: dict[str, ServeProcess]) -> None:
+    """Twice on one server of this test's own: fill it up to ``max_queued`` (24 jobs, the same request
+    and seed; the next create gets 429), stop it (first SIGTERM to its process group; then SIGKILL, as
+    the OOM killer or a lost host does) and start it again. On SIGTERM a create gets 503
+    ``server_draining`` with Retry-After, the running job finishes within the drain, and every queued
+    job is kept; on SIGKILL only the job that was generating fails ``server_restarted``. After the
+    restart every other accepted job completes under its id with the bytes a fresh server gives for
+    that request, and the finished job from before is intact (with its ``expires_at``)."""
     server = own["restart"]
     for kill in (False, True):
         name = "sigkill" if kill else "sigterm"
@@ -534,24 +565,180 @@ def test_restart_with_a_full_queue_keeps_every_promise(own: dict[str, ServeProce
         assert "max_queued" in refused.json()["error"]["message"] and len(ids) == 24, (len(ids), refused.text)
         running = wait_running(server, ids[0])  # one slot: the first is mid-generation at the stop
         assert running["status"] == "in_progress", running
+        old_exit_code, draining, restart_s = _stop_and_start(server, kill)
+        if not kill:
+            assert draining is not None, "no create was refused while the server drained"
+            err = draining.json()["error"]
+            assert err["code"] == "server_draining" and int(draining.headers["retry-after"]) >= 1, draining.text
         t0 = time.monotonic()
-        old_exit_code = restart_server(server, kill=kill)
-        restart_s = time.monotonic() - t0
-        listed = {v["id"]: v for v in requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]}
-        states = {i: listed[i]["status"] for i in ids}
-        assert set(states.values()) <= {"completed", "failed"}, states
+        finished = wait_all(server, ids, timeout=600)
+        rerun_s = time.monotonic() - t0
+        assert len(finished) == len(ids), f"{len(ids) - len(finished)} accepted job(s) never finished"
+        states = {i: finished[i]["status"] for i in ids}
+        lost = [i for i in ids if states[i] == "failed"]
+        if kill:  # the job generating at the SIGKILL, and nothing else
+            assert lost == [ids[0]] and finished[ids[0]]["error"]["code"] == "server_restarted", finished[ids[0]]
+        else:  # the drain let it finish
+            assert lost == [], [finished[i]["error"] for i in lost]
+        fresh = completed_video_of(server, **QUEUED)
         for i in ids:
-            if states[i] == "failed":
-                assert listed[i]["error"]["code"] == "server_restarted", listed[i]
-            else:
-                assert decode_mp4(content(server, i).content) == (9, 64, 64)
-        if kill:
-            assert listed[ids[0]]["status"] == "failed", listed[ids[0]]
+            if i not in lost:
+                assert content(server, i).content == fresh, f"{i}: not the bytes of a fresh server"
+        listed = {v["id"]: v for v in requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"]}
         done = listed[done_id]
         assert done["status"] == "completed" and content(server, done_id).content == done_mp4
         assert done["expires_at"] == done["completed_at"] + RESTART_TTL_S, done
-        completed_video(server, seed=42 + 2 * kill)
-        report(f"restart_full_queue[{name}]", admitted=len(ids), completed=sum(1 for s in states.values() if s == "completed"),
-               failed_server_restarted=sum(1 for s in states.values() if s == "failed"),
-               restart_s=round(restart_s, 1), old_exit_code=old_exit_code)
-        assert states and sum(1 for s in states.values() if s == "failed") >= 1  # the restart did interrupt the queue
+        report(f"restart_full_queue[{name}]", admitted=len(ids), completed=len(ids) - len(lost),
+               failed_server_restarted=len(lost), restart_s=round(restart_s, 1), rerun_s=round(rerun_s, 1),
+               old_exit_code=old_exit_code)
+
+
+def completed_video_of(server: ServeProcess, **fields: object) -> bytes:
+    """The mp4 of one ``fill``-style request (``helpers.JOB`` with ``fields``), run to completion."""
+    resp = requests.post(server.url + "/v1/videos", json={**JOB, **fields}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    job = wait_done(server, resp.json()["id"], timeout=300)
+    assert job["status"] == "completed", job
+    return content(server, job["id"]).content
+
+
+# ---- a worker killed: the server heals itself -----------------------------------------------------
+#: Two data-parallel groups of one worker each; a respawn budget of 3 (the fourth kill ends the server).
+HEAL_ARGS = ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor", "--additional-config",
+             json.dumps({"omni_ext": {"data_parallel_size": 2, "scheduler": {"max_wait_s": 3600},
+                         "healing": {"max_respawns": 3, "window_s": 3600}}})]
+#: Every job's time limit on that server (the longest job below runs ~6 s alone), and a job far past it
+#: (~40 s alone: 65 frames of 256x256, 200 steps), which the watchdog stops at a step.
+HEAL_LIMIT_S = 15
+OVERLONG = {"size": "256x256", "num_frames": 65, "num_inference_steps": 200}
+#: A CFG video that runs for seconds on one rank of this host (caught running, then paused).
+LONG_HEAL = {"size": "128x128", "num_frames": 9, "num_inference_steps": 200}
+
+
+def _worker_pids(server: ServeProcess) -> dict[int, int]:
+    """rank -> pid of the server's current workers (the newest start-up line of each rank)."""
+    import re
+
+    return {int(m.group(1)): int(m.group(2))
+            for m in re.finditer(r"loaded in DiffusionWorker-(\d+) \(pid (\d+)", server.log_text())}
+
+
+def _ranks_of(server: ServeProcess, before: float, video_id: str) -> list[int] | None:
+    starts = [e for e in placements(server, before, "start") if e["request_id"].startswith(video_id + "-")]
+    return starts[-1]["ranks"] if starts else None
+
+
+def _until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _kill_and_heal(server: ServeProcess, rank: int) -> dict[str, float]:
+    """SIGKILL the worker of ``rank``; while the workers are replaced ``/health`` and a create answer 503
+    ``respawning`` with a Retry-After; returns the seconds until ``/health`` is 200 again and until a new
+    request was served."""
+    old = _worker_pids(server)
+    os.kill(old[rank], signal.SIGKILL)
+    killed = time.monotonic()
+    health = _until(lambda: [r for r in [requests.get(server.url + "/health", timeout=10)] if r.status_code == 503],
+                    10, "/health to say respawning")[0]
+    assert health.json()["status"] == "respawning" and "died with SIGKILL" in health.json()["reason"], health.text
+    refused = create(server, seed=7)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "respawning", refused.text
+    assert int(refused.headers["retry-after"]) >= 1
+    _until(lambda: requests.get(server.url + "/health", timeout=10).status_code == 200, 300, "/health 200 again")
+    healthy_s = time.monotonic() - killed
+    new = _worker_pids(server)
+    assert set(new) == {0, 1} and not set(new.values()) & set(old.values()), (old, new)  # every worker replaced
+    _, _ = completed_video(server, seed=8)
+    return {"health_200_s": round(healthy_s, 1), "served_s": round(time.monotonic() - killed, 1)}
+
+
+@pytest.mark.own_servers("wan2.1-t2v", {"heal": (HEAL_ARGS, {"OMNI_EXT_JOB_TIMEOUT_S": str(HEAL_LIMIT_S)})})
+def test_a_killed_worker_fails_only_its_jobs_and_the_server_heals_itself(own: dict[str, ServeProcess]) -> None:
+    """On a server of this test's own (two data-parallel groups of one worker, a respawn budget of 3, a
+    time limit of 15 s per job), a job past its limit is stopped at a denoise step (it fails, no worker is
+    killed). Then a worker is killed (SIGKILL) three times: while idle, while jobs run on both groups (one queued behind
+    them), and while a job is paused on the victim's rank (preempted by an interactive one). Each time
+    only the jobs on the victim's rank fail, with an error naming the worker, the signal and the job;
+    the other group's job and the queued one complete; ``/health`` and a create answer 503
+    ``respawning`` until the new workers are up; the next request is served without a server restart,
+    and ``/metrics`` counts every death and respawn. A fourth kill spends the budget: the server exits
+    with status 70, so that a supervisor restarts it."""
+    server = own["heal"]
+    figures: dict[str, object] = {}
+    assert scrape(server, "omni_ext:worker_respawns_total") == 0
+    completed_video(server)
+
+    # 0. a job past its time limit is stopped at a step: it fails, nothing is killed
+    pids = _worker_pids(server)
+    slow = create(server, **OVERLONG, seed=3).json()["id"]
+    started = time.monotonic()
+    done = wait_done(server, slow, timeout=120)
+    assert done["status"] == "failed" and "stopped by the watchdog" in done["error"]["message"], done
+    stopped_s = time.monotonic() - started
+    assert HEAL_LIMIT_S < stopped_s < HEAL_LIMIT_S + 10, stopped_s
+    assert scrape(server, "omni_ext:watchdog_actions_total", action="stop") == 1
+    assert scrape(server, "omni_ext:worker_respawns_total") == 0 and _worker_pids(server) == pids
+    completed_video(server, seed=4)
+    figures["watchdog_stop_s"] = round(stopped_s, 1)
+
+    # 1. idle
+    figures["idle"] = _kill_and_heal(server, 0)
+    assert scrape(server, "omni_ext:worker_deaths_total") == 1 and scrape(server, "omni_ext:worker_respawns_total") == 1
+
+    # 2. while a job runs on each group and one waits
+    before = events_mark(server)
+    a, b = (create(server, **LONG_HEAL, seed=s).json()["id"] for s in (11, 12))
+    for job in (a, b):
+        wait_running(server, job, min_progress=2)
+    queued = create(server, seed=13, deadline_s=600).json()["id"]  # waits: no deadline pause for it
+    victim = _ranks_of(server, before, a)
+    assert victim is not None and len(victim) == 1 and _ranks_of(server, before, b) != victim
+    pid = _worker_pids(server)[victim[0]]
+    figures["running"] = _kill_and_heal(server, victim[0])
+    done = wait_all(server, [a, b, queued])
+    assert done[a]["status"] == "failed", done[a]
+    message = done[a]["error"]["message"]
+    assert "died with SIGKILL" in message and f"pid {pid}" in message and "was running on rank(s)" in message, message
+    assert done[b]["status"] == "completed" and done[queued]["status"] == "completed", (done[b], done[queued])
+    assert decode_mp4(content(server, b).content) == (9, 128, 128)
+
+    # 3. while a job is paused on the victim's rank (an interactive request runs there in its place)
+    before = events_mark(server)
+    a, b = (create(server, **{**LONG_HEAL, "size": "256x256"}, seed=s).json()["id"] for s in (21, 22))
+    for job in (a, b):
+        wait_running(server, job, min_progress=2)
+    urgent = create(server, **LONG_HEAL, seed=23, priority=-1).json()["id"]
+    paused = _until(lambda: next((j for j in (a, b) if (requests.get(f"{server.url}/v1/videos/{j}", timeout=30).json()
+                                                        .get("progress_detail") or {}).get("state") == "paused"), None),
+                    60, "a long job to pause")
+    other = b if paused == a else a
+    wait_running(server, urgent, min_progress=2)
+    victim = _ranks_of(server, before, paused)
+    assert _ranks_of(server, before, urgent) == victim
+    figures["paused"] = _kill_and_heal(server, victim[0])
+    done = wait_all(server, [paused, urgent, other], timeout=300)
+    assert done[paused]["status"] == "failed" and "was paused on rank(s)" in done[paused]["error"]["message"], done
+    assert done[urgent]["status"] == "failed" and "died with SIGKILL" in done[urgent]["error"]["message"], done
+    assert done[other]["status"] == "completed", done[other]
+    assert scrape(server, "omni_ext:worker_deaths_total") == 3 and scrape(server, "omni_ext:worker_respawns_total") == 3
+    assert scrape(server, "omni_ext:paused_jobs") == 0 and scrape(server, "omni_ext:respawning") == 0
+
+    # 4. a fourth death within the window: the server exits non-zero
+    pids = _worker_pids(server)
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    assert server.proc.wait(timeout=120) == 70
+    figures["exit_s"] = round(time.monotonic() - t0, 1)
+    assert "omni_ext.healing.max_respawns 3" in server.log_text()
+    for p in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, 0)
+            raise AssertionError(f"worker {p} outlived its server")
+    report("worker killed: idle, running, paused; then the respawn budget", **figures)

@@ -95,16 +95,19 @@ def test_concurrent_writers_merge_in_time_order(journal_dir: Path) -> None:
             [f"{tag}-{i}" for i in range(200)]
 
 
-def test_route_lists_and_rejects_bad_queries(journal_dir: Path) -> None:
+def test_route_lists_and_rejects_bad_queries(journal_dir: Path, tmp_path: Path) -> None:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
+    from omni_ext.api.intake import ModelLimits
     from omni_ext.api.routes import build_router
+    from tests.helpers import api_state
 
     for i in range(3):
         progress.record_placement("bind", f"r-{i}", stage=0, replica=i)
     app = FastAPI()
     app.include_router(build_router())
+    app.state.omni_ext = api_state(tmp_path / "api", ModelLimits("WanPipeline", 16, 1, True))  # no keys: all events
     with TestClient(app) as client:
         body = client.get("/v1/omni_ext/placements").json()
         assert body["object"] == "list" and body["has_more"] is False

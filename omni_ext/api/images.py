@@ -26,7 +26,7 @@ from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, generation_error, storage
 from omni_ext.api.intake import ImageReply, read_image_request
 from omni_ext.api.jobs import Job, JobSpec
-from omni_ext.api.state import ApiState, engine_client, get_state, now
+from omni_ext.api.state import ApiState, admitting_state, engine_client, get_state, now
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
@@ -57,17 +57,20 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
         base = str(request.base_url).rstrip("/")
         stored: list[Job] = []
         try:
+            state.ensure_room(sum(len(b) for b in encoded))
+            state.result_bytes["image"] = max(len(b) for b in encoded)
             with storage("storing generated images"):
                 for blob in encoded:
                     image_id = f"img_{uuid.uuid4().hex}"
                     name = f"{image_id}.{fmt}"
-                    job = Job(id=image_id, kind="image", status="completed", progress=100, model=state.model_name,
+                    job = Job(id=image_id, kind="image", owner=state.tenant(request).owner, status="completed",
+                              progress=100, model=state.model_name,
                               prompt=spec.prompt, completed_at=now(), media={"image": name},
                               meta={"content_type": media.IMAGE_TYPES[fmt]})
                     if state.settings.ttl_s:
                         job.expires_at = job.completed_at + state.settings.ttl_s
-                    await media.off_loop(media.write_atomic, state.media_path(name), blob)
-                    stored.append(job)
+                    stored.append(job)  # first: a failed write below still removes its file
+                    await state.write_media(name, blob)
                     state.store.add(job)
                     data.append({"url": f"{base}/v1/images/{image_id}/content", "revised_prompt": None})
         except StorageError:  # all of the request's images or none: no url the client never got stays behind
@@ -82,9 +85,12 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
 
 @router.post("/v1/images/generations", openapi_extra=schemas.body(schemas.IMAGE_GENERATE))
 async def generate_images(request: Request) -> JSONResponse:
-    state = get_state(request)
+    state = admitting_state(request)  # 503 before start-up or while draining
     spec, reply = await read_image_request(request, state)
     request_id = f"img_gen-{uuid.uuid4().hex}"
+    if reply.response_format == "url":
+        state.admit_result("image", spec.n)  # 507 before any work when live results fill the store's quota
+    state.own_request(request_id, state.tenant(request))
     admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
     try:
         images = await run_admitted(request, admitted, "image", _generate(request, spec, request_id))
@@ -100,6 +106,6 @@ async def generate_images(request: Request) -> JSONResponse:
 @router.get("/v1/images/{image_id}/content")
 async def image_content(request: Request, image_id: str) -> Response:
     state = get_state(request)
-    job = state.find_job("image", image_id)
+    job = state.find_job("image", image_id, state.tenant(request))
     data = await state.read_media(job, "image", f"Image {image_id}")
     return Response(data, media_type=job.meta.get("content_type", "image/png"))

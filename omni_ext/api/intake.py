@@ -96,14 +96,12 @@ async def read_limited(request: Request, limit: int) -> bytes:
 
 def replay(body: bytes, receive: Callable[[], Any]) -> Callable[[], Any]:
     """An ASGI ``receive`` that gives ``body`` (already read) in one message, then the client's own
-    messages (its disconnect): a body read once, then parsed or passed on."""
-    sent = False
+    messages (its disconnect): a body read once, then parsed or passed on. The body is forgotten once given."""
+    box = [body]
 
     async def replayed() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+        if box:
+            return {"type": "http.request", "body": box.pop(), "more_body": False}
         return await receive()
 
     return replayed
@@ -183,6 +181,7 @@ async def parse_body(request: Request, limit: int, *, allow_files: bool = True) 
         form = await FormRequest(request.scope, replay(raw, request.receive)).form(max_files=1000, max_fields=256)
     except Exception as exc:  # starlette raises MultiPartException / HTTPException on malformed bodies
         raise APIError(HTTPStatus.BAD_REQUEST, f"Malformed form body: {getattr(exc, 'detail', exc)}", code="invalid_form") from None
+    del raw  # parsed (file parts over 1 MiB spooled to disk): not held beside the files read back below
     fields: dict[str, Any] = {}
     files: dict[str, tuple[str, str, bytes]] = {}
     file_lists: dict[str, list[tuple[str, str, bytes]]] = {}
@@ -600,12 +599,20 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
     )
 
 
-async def read_video_request(request: Request, state: Served, defaults: dict[str, int], handler: Any = None) -> JobSpec:
-    """The ``POST /v1/videos`` (and ``/sync``) body, read within the upload limit, as its checked spec.
+async def read_video_request(request: Request, state: Served, defaults: dict[str, int],
+                             handler: Any = None) -> tuple[JobSpec, Body]:
+    """The ``POST /v1/videos`` (and ``/sync``) body, read within the upload limit, as its checked spec, and
+    the parsed body (what a restart needs to run the job again: :mod:`omni_ext.api.archive`).
     ``handler``: vLLM-Omni's video handler, whose answers say which uploads the served model takes
     (:func:`with_uploads`). A spec with :attr:`~omni_ext.api.jobs.JobSpec.uploads` holds temporary files:
     the caller removes them (``spec.uploads.cleanup()``) once the job ends or is refused."""
     body = await parse_body(request, state.settings.max_upload_bytes)
+    return await video_spec(body, state, defaults, handler), body
+
+
+async def video_spec(body: Body, state: Served, defaults: dict[str, int], handler: Any = None) -> JobSpec:
+    """A parsed ``/v1/videos`` body as its checked spec (what :func:`read_video_request` does after the read;
+    also a kept request run again after a restart, :mod:`omni_ext.api.drain`)."""
     if "input_reference" in body.files or body.fields.get("input_reference") is not None:
         # a reference image is decoded here: off the event loop, which keeps serving meanwhile
         spec = await media.off_loop(build_video_request, body, state, defaults)

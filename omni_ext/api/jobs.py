@@ -1,8 +1,10 @@
 """Durable job records in an embedded SQLite database; media lives in files next to it.
 
 Why SQLite: a restart of ``vllm-omni serve`` must not lose finished jobs (their mp4s stay listed and
-downloadable) and must not leave queued/running jobs "in progress" forever: at start-up they are
-marked ``failed`` with ``error.code = "server_restarted"``. One small table, WAL mode, one lock:
+downloadable) nor accepted ones: at start-up a queued job whose request was kept runs again
+(:mod:`omni_ext.api.drain`), and a job that was running (or queued without a kept request) is marked
+``failed`` with ``error.code = "server_restarted"``. Finished jobs, completed or failed, expire with
+their media after the TTL (:meth:`JobStore.expired`). One small table, WAL mode, one lock:
 each call is a sub-millisecond local write, cheap enough to run on the event loop.
 
 A full (or failing) disk must not leave a job "in progress" forever nor turn a status poll into a
@@ -48,13 +50,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     error_code TEXT,
     error_message TEXT,
     media TEXT,
-    meta TEXT NOT NULL DEFAULT '{}'
+    meta TEXT NOT NULL DEFAULT '{}',
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_kind_seq ON jobs(kind, seq);
 """
 
 _COLUMNS = ("id", "kind", "status", "progress", "model", "prompt", "seconds", "size", "created_at",
-            "completed_at", "expires_at", "error_code", "error_message", "media", "meta")
+            "completed_at", "expires_at", "error_code", "error_message", "media", "meta", "owner")
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ class Job:
     error_message: str | None = None
     media: dict[str, str] = field(default_factory=dict)  # variant -> file name under media_dir
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the SHA-256 of the API key that created the job (:mod:`omni_ext.api.tenants`); None without keys
+    owner: str | None = None
 
     @property
     def active(self) -> bool:
@@ -124,6 +129,10 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        if "owner" not in columns:  # a store written before jobs had owners: its jobs are the admins' only
+            self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
+        self._db.execute("CREATE INDEX IF NOT EXISTS jobs_owner_kind_seq ON jobs(owner, kind, seq)")
         self._pending: dict[str, Job] = {}  # updates the database did not take yet (a full disk)
 
     # ---- rows <-> jobs -------------------------------------------------------------------
@@ -212,12 +221,17 @@ class JobStore:
             self._db.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
             self._pending.pop(job_id, None)
 
-    def list(self, kind: str, *, after: str | None, limit: int, order: str) -> tuple[list[Job], bool]:
-        """A page of jobs after the job ``after`` in creation order (``asc``/``desc``); returns (jobs, has_more)."""
+    def list(self, kind: str, *, after: str | None, limit: int, order: str,
+             owner: str | None = None) -> tuple[list[Job], bool]:
+        """A page of jobs after the job ``after`` in creation order (``asc``/``desc``); returns (jobs, has_more).
+        ``owner``: only that owner's jobs (``after`` must be one of them); None: every job."""
         desc = order == "desc"
         where, params = "kind = ?", [kind]
+        if owner is not None:
+            where += " AND owner = ?"
+            params.append(owner)
         if after is not None:
-            anchor = self._query("SELECT seq FROM jobs WHERE id = ? AND kind = ?", (after, kind))
+            anchor = self._query(f"SELECT seq FROM jobs WHERE id = ? AND {where}", (after, *params))
             if not anchor:
                 raise KeyError(after)
             where += " AND seq < ?" if desc else " AND seq > ?"
@@ -230,24 +244,35 @@ class JobStore:
             jobs = self._overlay([self._job(r) for r in rows[:limit]])
         return jobs, len(rows) > limit
 
-    def fail_interrupted(self, now: int | None = None) -> list[str]:
-        """Mark jobs left queued/running by a previous process as failed; returns their ids."""
+    def fail_interrupted(self, now: int | None = None, ttl_s: int = 0, kept: set[str] = frozenset()) -> list[str]:
+        """Mark jobs left queued/running by a previous process as failed (expiring ``ttl_s`` later, like any
+        finished job; 0: never), except the queued ones in ``kept`` (their requests are kept: they run
+        again); returns the failed ids."""
         now = int(time.time()) if now is None else now
-        ids = [r[0] for r in self._query("SELECT id FROM jobs WHERE status IN (?, ?)", ACTIVE)]
-        if ids:
+        rows = self._query("SELECT id, status FROM jobs WHERE status IN (?, ?)", ACTIVE)
+        ids = [i for i, status in rows if not (status == "queued" and i in kept)]
+        for job_id in ids:
             self._query(
-                "UPDATE jobs SET status = 'failed', error_code = 'server_restarted', completed_at = ?, "
-                "error_message = 'The server restarted while this job was queued or running; submit it again.' "
-                "WHERE status IN (?, ?)",
-                (now, *ACTIVE),
+                "UPDATE jobs SET status = 'failed', error_code = 'server_restarted', completed_at = ?, expires_at = ?, "
+                "error_message = 'The server restarted while this job was running; submit it again.' "
+                "WHERE id = ?",
+                (now, now + ttl_s if ttl_s else None, job_id),
             )
         return ids
 
+    def queued(self, kind: str) -> list[Job]:
+        """The ``kind`` jobs still queued, oldest first."""
+        rows = self._query(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE kind = ? AND status = 'queued' ORDER BY seq",
+                           (kind,))
+        return [self._job(r) for r in rows]
+
     def expired(self, now: int | None = None) -> list[Job]:
+        """Finished jobs (completed or failed) whose time is up, the oldest expiry first."""
         now = int(time.time()) if now is None else now
         rows = self._query(
-            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? AND media != '{{}}'",
-            (now,),
+            f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ? "
+            "AND status NOT IN (?, ?) ORDER BY expires_at, seq",
+            (now, *ACTIVE),
         )
         return [self._job(r) for r in rows]
 

@@ -57,6 +57,16 @@ def write_atomic(path: Path, data: bytes) -> None:
 TMP_SUFFIX = ".tmp"
 
 
+def stored_bytes(directory: Path) -> int:
+    """The bytes of the files in ``directory`` (its media; no sub-directories): the store's use at start-up."""
+    total = 0
+    for entry in os.scandir(directory) if directory.is_dir() else ():
+        with contextlib.suppress(OSError):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
 def remove_orphans(directory: Path) -> list[str]:
     """Remove the temp files a killed process left in ``directory`` (a write that never reached its rename);
     returns their names. Called at start-up, before any write of this process."""

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from omni_ext.api import limits
+from omni_ext.api import bodies, limits
 from omni_ext.scheduler.layout import TUNED_EXECUTOR
 from omni_ext.api.state import get_state, native_video_defaults, served_layout
 
@@ -96,6 +96,8 @@ def server_info(state: Any, app_state: Any) -> dict[str, Any]:
                    "data_parallel_size": layout.dp, "replicas": layout.replicas, "cfg_mode": state.queue.config.cfg_mode,
                    "priorities": layout.tuned, "max_wait_s": state.queue.config.max_wait_s, "why": why},
         "queue": state.queue.summary(),
+        # request bodies in memory and slow clients: the bounds and what they refused (omni_ext.api.bodies)
+        "bodies": bodies.info(app_state, state.settings.bodies, state.settings.max_upload_bytes),
     }
 
 
@@ -120,7 +122,14 @@ async def root(request: Request) -> Response:
 
 
 async def info(request: Request) -> JSONResponse:
-    return JSONResponse(server_info(get_state(request), request.app.state))
+    state = get_state(request)
+    body = server_info(state, request.app.state)
+    # what the caller's key may see (omni_ext.api.tenants): its own jobs, or every job (admin / no keys)
+    body["access"] = {"api_keys": state.tenancy.keyed, "sees": "all" if state.tenant(request).admin else "own"}
+    quota = state.settings.max_store_bytes
+    body["store"] = {"ttl_s": state.settings.ttl_s, "max_store_mb": round(quota / 2**20, 3) if quota else None,
+                     "used_mb": round(state.media_bytes / 2**20, 3)}
+    return JSONResponse(body)
 
 
 def install(router: APIRouter) -> None:

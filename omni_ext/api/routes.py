@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 
+from omni_ext.api.gate import BodyGate
 from omni_ext.api.disconnect import CLIENT_CLOSED, ClientGone
 from omni_ext.api.errors import APIError
 from omni_ext.api.intake import ID_RE, read_limited, replay
@@ -31,14 +32,31 @@ REPLACED_ROUTES: tuple[tuple[str, frozenset[str]], ...] = (
     ("/v1/videos/{video_id}/content", frozenset({"GET"})),
     ("/v1/images/generations", frozenset({"POST"})),
 )
+#: The routes that take a body, behind a :class:`~omni_ext.api.gate.BodyGate` (memory budget, slow clients).
+BODY_PATHS = ("/v1/videos", "/v1/videos/sync", "/v1/images/generations", "/v1/images/edits")
+
+
+def settings_of(app_state: Any) -> Any:
+    """The API's settings from the app's state (503 before start-up), for :class:`BodyGate`."""
+    from omni_ext.api.state import state_of
+
+    return state_of(app_state).settings
 
 
 class ErrorRoute(APIRoute):
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        if path in BODY_PATHS and "POST" in self.methods:  # also the copies FastAPI's include_router makes
+            self.app = BodyGate(self.app, settings_of)
+
     def get_route_handler(self) -> Callable[[Request], Any]:
         handler = super().get_route_handler()
 
         async def run(request: Request) -> Response:
             try:
+                api = getattr(request.app.state, "omni_ext", None)
+                if api is not None:  # who calls, resolved once, as authentication is (omni_ext.api.tenants)
+                    request.state.omni_ext_tenant = api.tenancy.tenant(request.headers.get("authorization"))
                 return await handler(request)
             except APIError as exc:
                 return exc.response()
@@ -71,7 +89,8 @@ def build_router(stock_edits_app: Any = None, stock_generations_app: Any = None)
         ours = next(r for r in router.routes if getattr(r, "path", None) == "/v1/images/generations")
         router.routes.insert(0, Route("/v1/images/generations", GenerationsDispatch(ours.app, stock_generations_app),
                                       methods=["POST"], include_in_schema=False))
-    router.routes.append(Route("/v1/images/edits", EditsDispatch(stock_edits_app), methods=["POST"]))
+    router.routes.append(Route("/v1/images/edits", BodyGate(EditsDispatch(stock_edits_app), settings_of),
+                               methods=["POST"]))
     playground.install(router)
     placements.install(router)
     for kind in ("videos", "images"):  # after the real routes: anything else under them is a clean 400/404

@@ -2,8 +2,9 @@
 the account of admitted jobs (:class:`~omni_ext.api.queue.RequestQueue`).
 
 Created once per API process, and only there, when vLLM-Omni initialises its app state (the
-``openai-routes`` patch calls :func:`init_state`), which is also when jobs left queued/running by a
-previous process are marked failed, the expiry sweeper starts, the scheduler's options are read (a
+``openai-routes`` patch calls :func:`init_state`), which is also when jobs left running by a previous
+process are marked failed (the queued ones it kept run again: :mod:`omni_ext.api.drain`), the store's use
+is counted for its quota, the expiry sweeper starts, the scheduler's options are read (a
 bad one stops the server there) and given to this process's dispatch to replicas (which the
 start-up hook passes in), and vLLM-Omni's video handler and the request defaults it implies are
 resolved (:class:`VideoBackend`). No request does start-up work: one that comes before (or
@@ -13,8 +14,11 @@ without) it is answered 503 (:func:`get_state`, :func:`video_state`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sqlite3
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from pathlib import Path
@@ -22,12 +26,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from omni_ext.api import media
-from omni_ext.api.errors import APIError, bad_request, not_found, storage
+from omni_ext.api.errors import APIError, StorageError, bad_request, not_found, retry_headers, storage
 from omni_ext.api.intake import ID_RE, ModelLimits
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.scheduler.layout import ServerLayout, diffusion_stage, server_layout
 from omni_ext.api.queue import Admitted, RequestQueue
+from omni_ext.api.archive import RequestArchive
 from omni_ext.api.settings import ApiSettings, load_settings
+from omni_ext.api.tenants import Tenancy, Tenant, tenancy
 from omni_ext.api.validation import limits_for_model
 from omni_ext.scheduler.config import scheduler_config
 
@@ -39,6 +45,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("omni_ext.api")
 
 VIDEO_FIELDS = ("width", "height", "num_frames", "fps")
+#: What a create gets while the server drains: long enough for a supervisor to start the next process.
+DRAIN_RETRY_S = 10.0
+MAX_REQUEST_OWNERS = 100_000  # engine request ids remembered for the placement journal (~10 MB)
 VIDEO_UNAVAILABLE = "Video generation is not available on this server."
 
 
@@ -65,17 +74,65 @@ class ApiState:
     admitted: dict[str, Admitted] = field(default_factory=dict)
     queue: RequestQueue = field(default_factory=RequestQueue)
     sweeper: asyncio.Task | None = None
+    resumer: asyncio.Task | None = None  # the jobs accepted before a restart, queued again (omni_ext.api.drain)
     video: VideoBackend | None = None  # resolved at start-up; None: this server has no video handler
+    tenancy: Tenancy = field(default_factory=Tenancy)
+    #: accepted requests kept until their job ends (:mod:`omni_ext.api.archive`); set by :func:`init_state`
+    archive: RequestArchive = None  # type: ignore[assignment]
+    #: a SIGTERM stopped admission (:mod:`omni_ext.api.drain`); the jobs the drain stopped, by id
+    draining: bool = False
+    parked: set[str] = field(default_factory=set)
+    #: bytes of media in ``media_dir``: counted at start-up, then kept by :meth:`write_media` and :meth:`remove_files`
+    media_bytes: int = 0
+    #: the bytes of the last result stored per kind (``video``: mp4 + thumbnail; ``image``: one image), what
+    #: admission expects the next one to need
+    result_bytes: dict[str, int] = field(default_factory=dict)
+    #: the owner of each engine request id these routes sent (for the placement journal's filter), newest
+    #: last, at most ``MAX_REQUEST_OWNERS``
+    request_owners: OrderedDict[str, str | None] = field(default_factory=OrderedDict)
+
+    def __post_init__(self) -> None:
+        if self.archive is None:
+            self.archive = RequestArchive(self.settings.data_dir / "requests")
+
+    def tenant(self, request: Request) -> Tenant:
+        """The caller of ``request`` (:mod:`omni_ext.api.tenants`), as omni-ext's route resolved it before the
+        endpoint ran (:class:`omni_ext.api.routes.ErrorRoute`), else resolved now."""
+        resolved = getattr(request.state, "omni_ext_tenant", None)
+        return resolved if resolved is not None else self.tenancy.tenant(request.headers.get("authorization"))
+
+    def own_request(self, request_id: str, tenant: Tenant) -> None:
+        """Record that ``tenant`` sent the engine request ``request_id``."""
+        self.request_owners[request_id] = tenant.owner
+        while len(self.request_owners) > MAX_REQUEST_OWNERS:
+            self.request_owners.popitem(last=False)
+
+    def sees_request(self, tenant: Tenant, request_id: str) -> bool:
+        """Whether ``tenant`` sent ``request_id`` (an engine id may carry vLLM's ``-<suffix>``): an async
+        video's owner is its job's, a synchronous request's was recorded when it was sent
+        (:meth:`own_request`); an id these routes did not send (vLLM-Omni's own routes, the warm-up) is
+        an admin's only."""
+        if tenant.admin:
+            return True
+        for rid in (request_id, request_id.rpartition("-")[0]):
+            if rid in self.request_owners:
+                return tenant.sees(self.request_owners[rid])
+            if ID_RE.match(rid) and rid.startswith("video_") and not rid.startswith("video_sync"):
+                job = self.store.get(rid)
+                if job is not None:
+                    return tenant.sees(job.owner)
+        return False
 
     def media_path(self, name: str) -> Path:
         return self.settings.media_dir / name
 
-    def find_job(self, kind: str, ident: str) -> Job:
-        """The ``kind`` job (``video``/``image``) with id ``ident``: 400 for a malformed id, 404 if unknown."""
+    def find_job(self, kind: str, ident: str, tenant: Tenant) -> Job:
+        """The ``kind`` job (``video``/``image``) with id ``ident``: 400 for a malformed id, 404 if unknown or
+        not ``tenant``'s."""
         if not ID_RE.match(ident):
             raise bad_request(f"Invalid {kind} id.", f"{kind}_id", "invalid_id")
         job = self.store.get(ident)
-        if job is None or job.kind != kind:
+        if job is None or job.kind != kind or not tenant.sees(job.owner):
             raise not_found(kind, ident)
         return job
 
@@ -101,27 +158,67 @@ class ApiState:
     def remove_files(self, names: Iterable[str]) -> None:
         """Remove media files (missing ones, or a media directory that is not one, are no error)."""
         for name in names:
+            path = self.media_path(name)
             try:
-                self.media_path(name).unlink(missing_ok=True)
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
             except OSError as exc:
                 logger.warning("omni-ext: could not remove media file %s: %s", name, exc)
+                continue
+            self.media_bytes = max(0, self.media_bytes - size)
 
-    async def sweep_expired(self) -> int:
+    def store_full(self, size: int = 1) -> bool:
+        """Whether ``size`` more bytes of media would pass the store quota (``max_store_mb``; 0: never)."""
+        quota = self.settings.max_store_bytes
+        return bool(quota) and self.media_bytes + size > quota
+
+    def ensure_room(self, size: int = 1) -> None:
+        """Make room for ``size`` bytes of media under the quota: expired jobs go first (oldest expiry
+        first); 507 ``storage_full`` when live results alone fill it. Called before a job that stores its
+        result is admitted (nothing is generated for a result with no room) and before each write."""
+        if not self.store_full(size):
+            return
+        self.sweep_expired()
+        if self.store_full(size):
+            quota = self.settings.max_store_bytes
+            raise StorageError(HTTPStatus.INSUFFICIENT_STORAGE,
+                               f"The server's result store is full: {self.media_bytes / 2**20:.1f} MiB of live results "
+                               f"against its quota of {quota / 2**20:.0f} MiB (omni_ext.api.max_store_mb); retry once "
+                               "results expire (ttl_s) or are deleted.", code="storage_full")
+
+    def admit_result(self, kind: str, count: int = 1) -> None:
+        """Before a job that stores ``count`` results of ``kind`` is admitted: room for them, as large as the
+        last one stored (507 ``storage_full`` otherwise, before any work)."""
+        self.ensure_room(max(1, self.result_bytes.get(kind, 1) * count))
+
+    async def write_media(self, name: str, data: bytes) -> None:
+        """Store one media file (fsynced, atomic) within the quota; a :class:`StorageError` otherwise."""
+        self.ensure_room(len(data))
+        path = self.media_path(name)
+        with storage(f"writing {name}"):
+            await media.off_loop(media.write_atomic, path, data)
+        self.media_bytes += len(data)
+
+    def sweep_expired(self) -> int:
+        """Remove the finished jobs whose TTL is up, completed and failed alike: media and record (a GET
+        then answers 404 like any unknown id)."""
         expired = self.store.expired()
         for job in expired:
             self.remove_media(job)
-            job.media = {}
-            job.meta["expired"] = True
-            self.store.save(job)
+            with contextlib.suppress(sqlite3.Error):  # a database that refuses now: the next sweep retries
+                self.store.delete(job.id)
         if expired:
-            logger.info("omni-ext: removed media of %d expired job(s)", len(expired))
+            logger.info("omni-ext: removed %d expired job(s) with their media (%.1f MiB stored now)", len(expired),
+                        self.media_bytes / 2**20)
         return len(expired)
 
     async def _sweep_forever(self) -> None:
         period = max(5.0, min(300.0, self.settings.ttl_s / 4 if self.settings.ttl_s else 300.0))
         while True:
             try:
-                await self.sweep_expired()
+                await media.off_loop(self.sweep_expired)
             except Exception:
                 logger.exception("omni-ext: expiry sweep failed")
             await asyncio.sleep(period)
@@ -245,20 +342,29 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
     if orphans:
         logger.warning("omni-ext: removed %d unfinished media file(s) left by a stopped server", len(orphans))
     store = JobStore(settings.db_path)
-    failed = store.fail_interrupted()
+    archive = RequestArchive(settings.data_dir / "requests")
+    failed = store.fail_interrupted(ttl_s=settings.ttl_s, kept=archive.ids())
+    waiting = {j.id for j in store.queued("video")}
+    for stale in archive.ids() - waiting:  # a job that ended as the process stopped, before its request went
+        archive.remove(stale)
     if failed:
         logger.warning("omni-ext: %d job(s) were queued or running when the server stopped; marked failed", len(failed))
-    state = ApiState(settings=settings, store=store, model_name=name, model_path=path, limits=limits, queue=queue)
+    state = ApiState(settings=settings, store=store, model_name=name, model_path=path, limits=limits, queue=queue,
+                     tenancy=tenancy(args, settings.admin_keys), media_bytes=media.stored_bytes(settings.media_dir),
+                     archive=archive)
     try:
         state.video = resolve_video_backend(app_state, limits)
     except APIError as exc:  # no video handler on this server: /v1/videos answers 503 video_unavailable
         logger.warning("omni-ext API: video generation unavailable: %s", exc.message)
     app_state.omni_ext = state
-    logger.info("omni-ext API: jobs in %s, media in %s, ttl %ss", settings.db_path, settings.media_dir, settings.ttl_s)
+    logger.info("omni-ext API: jobs in %s, media in %s (%.1f MiB, quota %s), ttl %ss", settings.db_path, settings.media_dir,
+                state.media_bytes / 2**20, f"{settings.max_store_bytes / 2**20:.0f} MiB" if settings.max_store_bytes
+                else "none", settings.ttl_s)
     try:
-        state.sweeper = asyncio.get_running_loop().create_task(state._sweep_forever())
+        loop = asyncio.get_running_loop()
     except RuntimeError:
-        pass  # no loop (tests): the sweep runs on demand
+        return state  # no loop (tests): the sweep runs on demand, nothing drains or resumes
+    state.sweeper = loop.create_task(state._sweep_forever())
     return state
 
 
@@ -275,13 +381,28 @@ def state_of(app_state: Any) -> ApiState:
     return state
 
 
-def video_state(request: Request) -> tuple[ApiState, VideoBackend]:
-    """:func:`get_state` and the :class:`VideoBackend` resolved at start-up; 503 ``video_unavailable``
-    on a server without one."""
-    state = get_state(request)
+def video_state(request: Request, *, stores: bool = True) -> tuple[ApiState, VideoBackend, Tenant]:
+    """What a video create needs before it reads its body: :func:`get_state`, the :class:`VideoBackend`
+    resolved at start-up (503 ``video_unavailable`` on a server without one), the caller
+    (:mod:`omni_ext.api.tenants`); 503 ``server_draining`` once a SIGTERM stopped admission
+    (:mod:`omni_ext.api.drain`), and when the job ``stores`` its result, 507 ``storage_full`` if live
+    results fill the store's quota."""
+    state = admitting_state(request)
     if state.video is None:
         raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, VIDEO_UNAVAILABLE, code="video_unavailable")
-    return state, state.video
+    if stores:
+        state.admit_result("video")
+    return state, state.video, state.tenant(request)
+
+
+def admitting_state(request: Request) -> ApiState:
+    """:func:`get_state`, or 503 ``server_draining`` (with Retry-After) once a SIGTERM stopped admission."""
+    state = get_state(request)
+    if state.draining:
+        raise APIError(HTTPStatus.SERVICE_UNAVAILABLE, "The server is shutting down and takes no new requests; send "
+                       "it again in a moment (to this server once it is back, or to another).", code="server_draining",
+                       headers=retry_headers(DRAIN_RETRY_S))
+    return state
 
 
 def engine_client(request: Request) -> Any:

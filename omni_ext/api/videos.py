@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
-from omni_ext.api.intake import ID_RE, bounded_int, read_video_request, reference_items
+from omni_ext.api.intake import ID_RE, bounded_int, read_video_request, reference_items, video_spec
 from omni_ext.api.jobs import Job, JobSpec
 from omni_ext.api.limits import MAX_PAGE
 from omni_ext.api.queue import Admitted, QueueView
@@ -180,9 +180,10 @@ async def _run_job(state: ApiState, handler: Any, job: Job, spec: JobSpec, admit
         thumb = await media.off_loop(media.mp4_thumbnail, mp4)
         files = {"video": f"{job.id}.mp4", "thumbnail": f"{job.id}.webp"}
         try:
-            with storage(f"writing the media of video {job.id}"):
-                await media.off_loop(media.write_atomic, state.media_path(files["video"]), mp4)
-                await media.off_loop(media.write_atomic, state.media_path(files["thumbnail"]), thumb)
+            state.ensure_room(len(mp4) + len(thumb))
+            await state.write_media(files["video"], mp4)
+            await state.write_media(files["thumbnail"], thumb)
+            state.result_bytes["video"] = len(mp4) + len(thumb)
         except StorageError:
             state.remove_files(files.values())  # a video without its thumbnail is not kept either
             raise
@@ -198,14 +199,20 @@ async def _run_job(state: ApiState, handler: Any, job: Job, spec: JobSpec, admit
         })
         job.meta.pop("encoding", None)
         state.store.save(job)
+        state.archive.remove(job.id)
         logger.info("omni-ext video %s completed in %.2f s", job.id, time.monotonic() - started)
     except asyncio.CancelledError:
         raise
     except BaseException as exc:  # the job fails cleanly (storage_full, generation_failed, ...); the server keeps serving
+        if job.id in state.parked:  # set aside by a drain (its engine request aborted): it runs after the restart
+            return
         error = generation_error(exc, "Video generation", job.id)
         job.status, job.completed_at = "failed", now()
+        if state.settings.ttl_s:  # a failed job's record expires like a finished one's
+            job.expires_at = job.completed_at + state.settings.ttl_s
         job.error_code, job.error_message = error.code or "invalid_request", error.message
         state.store.save(job)
+        state.archive.remove(job.id)
     finally:
         admitted.dropped()  # failed or cancelled (a finished job is already gone)
         clear_progress(job.id)
@@ -286,29 +293,35 @@ def _video_response(state: ApiState, job: Job) -> JSONResponse:
 # ---- routes -----------------------------------------------------------------------------------
 @router.post("/v1/videos", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video(request: Request) -> JSONResponse:
-    state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
-    spec = await read_video_request(request, state, backend.defaults, backend.handler)
+    # 503 before start-up, while draining, or without a video handler; 507 when live results fill the store
+    state, backend, tenant = video_state(request)
+    spec, body = await read_video_request(request, state, backend.defaults, backend.handler)
     job_id = f"video_{uuid.uuid4().hex}"
     try:
         admitted = state.queue.admit(job_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
         try:
             with storage(f"storing video {job_id}"):
                 job = state.store.create(
-                    id=job_id, kind="video", model=state.model_name, prompt=spec.prompt, seconds=spec.seconds,
+                    id=job_id, kind="video", owner=tenant.owner, model=state.model_name, prompt=spec.prompt,
+                    seconds=spec.seconds,
                     size=f"{spec.width}x{spec.height}",
                     meta={"num_frames": spec.frames, "fps": spec.fps, "priority": spec.priority},
                 )
+                try:  # kept until the job ends, so that a restart runs it again (omni_ext.api.drain)
+                    await asyncio.to_thread(state.archive.save, job_id, body)
+                except BaseException:
+                    state.archive.remove(job_id)
+                    with contextlib.suppress(Exception):
+                        state.store.delete(job_id)
+                    raise
         except StorageError:
             admitted.dropped()  # refused after all: its admission must not hold capacity
             raise
     except BaseException:
         release_uploads(spec)  # refused: its uploads' temporary files go with it
         raise
-    state.admitted[job.id] = admitted
-    task = asyncio.create_task(_run_job(state, backend.handler, job, spec, admitted))
-    if spec.uploads is not None:  # also for a job deleted before its task ever ran
-        task.add_done_callback(lambda _task: release_uploads(spec))
-    state.tasks[job.id] = task
+    del body
+    _start_job(state, backend.handler, job, spec, admitted)
     view = admitted.view
     logger.info("omni-ext video %s queued (%s, %s frames, %s steps, priority %d, predicted start in %.1f s, %d ahead)",
                 job.id, job.size, spec.frames, spec.steps, spec.priority, admitted.decision.wait_s, view.position)
@@ -316,11 +329,56 @@ async def create_video(request: Request) -> JSONResponse:
     return JSONResponse(video_object(job, view), headers={"openai-poll-after-ms": str(poll_after_ms(view.wait_s))})
 
 
+def _start_job(state: ApiState, handler: Any, job: Job, spec: JobSpec, admitted: Admitted) -> None:
+    state.admitted[job.id] = admitted
+    task = asyncio.create_task(_run_job(state, handler, job, spec, admitted))
+    if spec.uploads is not None:  # also for a job deleted before its task ever ran
+        task.add_done_callback(lambda _task: release_uploads(spec))
+    state.tasks[job.id] = task
+
+
+def restart_failure(state: ApiState, job_id: str) -> None:
+    """Fail ``job_id`` with ``server_restarted`` (a stop cut it mid-run) and forget its kept request."""
+    job = state.store.get(job_id)
+    if job is not None and job.active:
+        job.status, job.completed_at = "failed", now()
+        if state.settings.ttl_s:
+            job.expires_at = job.completed_at + state.settings.ttl_s
+        job.error_code = "server_restarted"
+        job.error_message = "The server stopped while this job was running (past its drain time); submit it again."
+        state.store.save(job)
+    state.archive.remove(job_id)
+
+
+async def resume_job(state: ApiState, job: Job) -> bool:
+    """Run again a job a previous process accepted, from its kept request; False (and the job failed
+    ``server_restarted``, or with the check that now refuses it) when it cannot be."""
+    backend = state.video
+    body = state.archive.load(job.id)
+    if backend is None or body is None:
+        restart_failure(state, job.id)
+        return False
+    try:
+        spec = await video_spec(body, state, backend.defaults, backend.handler)
+    except APIError as exc:  # the server's configuration changed and refuses it now
+        job.status, job.completed_at = "failed", now()
+        job.error_code, job.error_message = exc.code or "invalid_request", exc.message
+        state.store.save(job)
+        state.archive.remove(job.id)
+        return False
+    admitted = state.queue.admit(job.id, spec.priority, spec.shape, spec.deadline_s, accepted=True)
+    _start_job(state, backend.handler, job, spec, admitted)
+    return True
+
+
 @router.post("/v1/videos/sync", openapi_extra=schemas.body(schemas.VIDEO_CREATE, multipart=True))
 async def create_video_sync(request: Request) -> Response:
-    state, backend = video_state(request)  # 503 before start-up, or on a server without a video handler
-    spec = await read_video_request(request, state, backend.defaults, backend.handler)
+    # 503 before start-up, while draining, or without a video handler
+    state, backend, tenant = video_state(request, stores=False)
+    spec, body = await read_video_request(request, state, backend.defaults, backend.handler)
+    del body  # nothing kept: its client holds the connection
     request_id = f"video_sync-{uuid.uuid4().hex}"
+    state.own_request(request_id, tenant)
     timeout = float(os.environ.get("VLLM_OMNI_VIDEO_SYNC_TIMEOUT", "600"))
     started = time.perf_counter()
     try:
@@ -355,7 +413,7 @@ async def list_videos(request: Request, after: str | None = None, limit: str = "
     if after is not None and not ID_RE.match(after):
         raise bad_request("Invalid 'after' id.", "after", "invalid_id")
     try:
-        jobs, has_more = state.store.list("video", after=after, limit=lim, order=order)
+        jobs, has_more = state.store.list("video", after=after, limit=lim, order=order, owner=state.tenant(request).scope)
     except KeyError:
         raise bad_request(f"No video with id '{after}' to page after.", "after") from None
     queued = state.queue.views()
@@ -367,13 +425,13 @@ async def list_videos(request: Request, after: str | None = None, limit: str = "
 @router.get("/v1/videos/{video_id}")
 async def retrieve_video(request: Request, video_id: str) -> JSONResponse:
     state = get_state(request)
-    return _video_response(state, state.find_job("video", video_id))
+    return _video_response(state, state.find_job("video", video_id, state.tenant(request)))
 
 
 @router.get("/v1/videos/{video_id}/content")
 async def video_content(request: Request, video_id: str, variant: str = "video") -> Response:
     state = get_state(request)
-    job = state.find_job("video", video_id)
+    job = state.find_job("video", video_id, state.tenant(request))
     if variant not in ("video", "thumbnail", "spritesheet"):
         raise bad_request("'variant' must be 'video', 'thumbnail' or 'spritesheet'.", "variant")
     if variant == "spritesheet":
@@ -388,7 +446,7 @@ async def video_content(request: Request, video_id: str, variant: str = "video")
 @router.delete("/v1/videos/{video_id}")
 async def delete_video(request: Request, video_id: str) -> JSONResponse:
     state = get_state(request)
-    job = state.find_job("video", video_id)
+    job = state.find_job("video", video_id, state.tenant(request))
     task = state.tasks.get(video_id)
     admitted = state.admitted.get(video_id)
     if job.active:
@@ -402,6 +460,7 @@ async def delete_video(request: Request, video_id: str) -> JSONResponse:
             except (asyncio.CancelledError, asyncio.TimeoutError, Exception):
                 pass
     state.remove_media(job)
+    state.archive.remove(video_id)
     with storage(f"deleting video {video_id}"):
         state.store.delete(video_id)
     clear_progress(video_id)

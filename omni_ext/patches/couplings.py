@@ -5,7 +5,8 @@ what omni-ext *calls, reads, overrides or matches* among vLLM-Omni's private nam
 ``_``, an instance attribute, a literal it sends), and the few public names it reaches in a way
 that would fail silently (a guarded import, a ``getattr`` with a default). Each entry says:
 
-- ``name``: ``module:Qualified.name`` in vLLM-Omni (``module:Class.attr`` for an attribute);
+- ``name``: ``module:Qualified.name`` in vLLM-Omni, or in vLLM where vLLM-Omni serves through it
+  (``module:Class.attr`` for an attribute);
 - ``kind``: ``function``, ``method`` (called or overridden), ``attribute`` (set on instances, e.g.
   in ``__init__``), ``constant`` (its ``value`` must not change) or ``call`` (vLLM-Omni's code at
   ``name`` must still contain the text ``value``: a behaviour omni-ext builds on);
@@ -193,6 +194,19 @@ COUPLINGS: tuple[Coupling, ...] = (
         used_in="omni_ext.executor.pipelines",
         params=("z", "return_dict"),
         token="vae.decode",
+    ),
+    Coupling(
+        name="vllm.entrypoints.launchers.launcher:serve_http",
+        kind="call",
+        why=(
+            "On SIGTERM vLLM's serve_http stops the engine client (engine_client.shutdown, in a thread) before "
+            "the HTTP server; omni-ext's drain runs in front of that call (an instance attribute on the engine "
+            "client, omni_ext.api.drain.install). Were the call to go, a SIGTERM would stop the server without "
+            "draining, and queued jobs would still be kept for the next start."
+        ),
+        used_in="omni_ext.api.drain",
+        value="engine_client.shutdown",
+        token="shutdown",
     ),
     Coupling(
         name=_WAN,
