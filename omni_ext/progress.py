@@ -239,17 +239,7 @@ PREEMPT_DIR = ".preemptions"
 def write_preemptions(counts: dict[str, int], paused: int) -> None:
     """Executor side: this process's preemptions so far, by reason, and its jobs paused now (a file of
     its own, replaced atomically). Best-effort: never raises."""
-    root = progress_dir()
-    if root is None:
-        return
-    try:
-        path = root / PREEMPT_DIR / f"{os.getpid()}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"preemptions": counts, "paused": paused}))
-        os.replace(tmp, path)
-    except OSError:
-        return
+    _write_record(PREEMPT_DIR, {"preemptions": counts, "paused": paused})
 
 
 def read_preemptions(root: Path | None = None) -> tuple[dict[str, int], int]:
@@ -297,14 +287,20 @@ class Healing:
 def write_healing(record: dict[str, Any]) -> None:
     """Executor side: this process's healing record (``state``: "serving" or "respawning",
     ``reason``, ``since``, and counts), replaced atomically. Best-effort: never raises."""
+    _write_record(HEALING_DIR, record)
+
+
+def _write_record(subdir: str, data: dict[str, Any]) -> None:
+    """This process's record ``<subdir>/<pid>.json`` under the progress directory, replaced atomically;
+    best-effort (nothing when there is no progress directory or the write fails)."""
     root = progress_dir()
     if root is None:
         return
     try:
-        path = root / HEALING_DIR / f"{os.getpid()}.json"
+        path = root / subdir / f"{os.getpid()}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(record))
+        tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
     except OSError:
         return

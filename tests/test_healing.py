@@ -114,9 +114,11 @@ def test_health_says_respawning_with_a_retry_after_and_is_the_stock_answer_other
     app.include_router(router)
     client = TestClient(app)
     monkeypatch.setenv(progress.ENV, str(tmp_path))
+    monkeypatch.setattr(healing, "LATEST", healing.LATEST)  # restored after: /health updates admission's copy
     assert client.get("/health").json() == {"status": "healthy", "path": "/health"}
     progress.write_healing({"state": "respawning", "reason": "worker died", "since": time.time(), "start_s": 5.0,
                             "counts": {}})
     got = client.get("/health")
     assert got.status_code == 503 and got.json()["status"] == "respawning" and got.json()["reason"] == "worker died"
+    assert healing.LATEST.respawning  # what /health said, admission now refuses with (no 200 after a 503 health)
     assert 1 <= int(got.headers["retry-after"]) <= 5

@@ -140,21 +140,7 @@ def scheduler_config(additional_config: Any, cache_backend: str | None = None) -
     """:class:`SchedulerConfig` from ``additional_config``; a clear ``ValueError`` for an unknown
     key or a value of the wrong type, so a typo fails at start-up, not silently. ``cache_backend``:
     the server's ``--cache-backend``, which scales the cost seed (:func:`~omni_ext.scheduler.cost.cached_seed`)."""
-    section = omni_ext_section(additional_config).get("scheduler") or {}
-    if not isinstance(section, dict):
-        raise ValueError("omni_ext.scheduler must be a JSON object")
-    known = {f.name for f in fields(SchedulerConfig)}
-    unknown = sorted(set(section) - known)
-    if unknown:
-        raise ValueError(f"unknown omni_ext.scheduler option(s) {unknown}; known: {sorted(known)}")
-    values: dict[str, Any] = {}
-    for key, value in section.items():
-        if key in _NUMBERS and value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"omni_ext.scheduler.{key} must be a number, got {value!r}")
-            value = float(value)
-        values[key] = value
-    config = SchedulerConfig(**values)
+    config = SchedulerConfig(**_options(additional_config, "scheduler", SchedulerConfig, _NUMBERS))
     if cache_backend and config.seconds_per_unit is not None:
         from omni_ext.scheduler.cost import cached_seed
 
@@ -193,18 +179,24 @@ class HealingConfig:
 def healing_config(additional_config: Any) -> HealingConfig:
     """:class:`HealingConfig` from ``additional_config``; a ``ValueError`` for an unknown key or a
     value of the wrong type, as :func:`scheduler_config`."""
-    section = omni_ext_section(additional_config).get("healing") or {}
+    return HealingConfig(**_options(additional_config, "healing", HealingConfig, {"window_s", "grace_s"}))
+
+
+def _options(additional_config: Any, name: str, cls: type, numbers: set[str]) -> dict[str, Any]:
+    """The ``omni_ext.<name>`` object's options for ``cls``: a ``ValueError`` for a section that is not an
+    object, an unknown key, or a non-number where ``numbers`` names one (those become floats)."""
+    section = omni_ext_section(additional_config).get(name) or {}
     if not isinstance(section, dict):
-        raise ValueError("omni_ext.healing must be a JSON object")
-    known = {f.name for f in fields(HealingConfig)}
+        raise ValueError(f"omni_ext.{name} must be a JSON object")
+    known = {f.name for f in fields(cls)}
     unknown = sorted(set(section) - known)
     if unknown:
-        raise ValueError(f"unknown omni_ext.healing option(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"unknown omni_ext.{name} option(s) {unknown}; known: {sorted(known)}")
     values: dict[str, Any] = {}
     for key, value in section.items():
-        if key in ("window_s", "grace_s"):
+        if key in numbers and value is not None:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"omni_ext.healing.{key} must be a number, got {value!r}")
+                raise ValueError(f"omni_ext.{name}.{key} must be a number, got {value!r}")
             value = float(value)
         values[key] = value
-    return HealingConfig(**values)
+    return values
