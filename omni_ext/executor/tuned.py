@@ -579,7 +579,7 @@ class TunedExecutor(DiffusionExecutor):
                     self.ranks.hold += 1
         logger.error("%s", reason)
         self.ranks.fail_on(group, reason)
-        self._kill_workers([self._procs[r] for r in group], now=True)  # a rank may hang in a collective with a dead one
+        self._kill_workers([self._procs[r] for r in group])  # a rank may hang in a collective with a dead one
         if not first:
             self._record()  # the counts; a respawn is already under way: it replaces these too
             return
@@ -660,17 +660,16 @@ class TunedExecutor(DiffusionExecutor):
             except Exception:
                 logger.exception("failure callback raised")
 
-    def _kill_workers(self, procs: list | None = None, now: bool = False) -> None:
-        """Stop ``procs`` (default: every worker): SIGTERM, then SIGKILL 5 s later (``now``: SIGKILL at
-        once, for a group whose rank hangs in a collective with a dead one)."""
-        steps = (("kill", 5.0),) if now else (("terminate", 5.0), ("kill", 5.0))
-        for action, grace in steps:
-            alive = [p for p in (getattr(self, "_procs", []) if procs is None else procs) if p.is_alive()]
-            if not alive:
-                return
-            for p in alive:
-                with contextlib.suppress(Exception):
-                    getattr(p, action)()
-            deadline = time.monotonic() + grace
-            for p in alive:
-                p.join(max(0.0, deadline - time.monotonic()))
+    def _kill_workers(self, procs: list | None = None) -> None:
+        """Stop ``procs`` (default: every worker) with SIGKILL. The graceful stop is the ``Shutdown`` message,
+        which :meth:`shutdown` and :meth:`_respawn` send first; a SIGTERM would be ignored, since a worker
+        outlives stop signals while its executor lives (:func:`omni_ext.executor.worker.worker_main`, for the
+        drain on SIGTERM), and what is left here is a failed group, a rank that may hang in a collective with
+        a dead one, or a worker that did not stop."""
+        alive = [p for p in (getattr(self, "_procs", []) if procs is None else procs) if p.is_alive()]
+        for p in alive:
+            with contextlib.suppress(Exception):
+                p.kill()
+        deadline = time.monotonic() + 5.0
+        for p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
