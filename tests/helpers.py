@@ -36,6 +36,17 @@ IMAGE = {"prompt": "a lighthouse at dusk", "negative_prompt": "blurry", "true_cf
          "num_inference_steps": 2, "seed": 77}
 
 
+def until(check, timeout: float = 60.0, what: str = "condition", every: float = 0.05):
+    """Poll ``check()`` every ``every`` s until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
 def video_sync(server, **fields) -> requests.Response:
     data = {**VIDEO, **{k: str(v) for k, v in fields.items()}}
     # multipart/form-data, exactly as vLLM-Omni's curl examples send it

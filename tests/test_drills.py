@@ -51,7 +51,7 @@ from omni_ext.api.intake import ModelLimits
 from omni_ext.server_process import ServeProcess
 from tests.helpers import (
     DRILL_ARGS, DRILL_ENV, JOB, START_TIMEOUT_S, events_mark, fill, new_events, placements, scrape,
-    serve_in_process, video_sync, wait_all, wait_idle,
+    serve_in_process, until, video_sync, wait_all, wait_idle,
 )
 from tests.media import decode_mp4
 
@@ -628,16 +628,6 @@ def _ranks_of(server: ServeProcess, before: float, video_id: str) -> list[int] |
     return starts[-1]["ranks"] if starts else None
 
 
-def _until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _kill_and_heal(server: ServeProcess, rank: int) -> dict[str, float]:
     """SIGKILL the worker of ``rank``; while the workers are replaced ``/health`` and a create answer 503
     ``respawning`` with a Retry-After; returns the seconds until ``/health`` is 200 again and until a new
@@ -645,13 +635,13 @@ def _kill_and_heal(server: ServeProcess, rank: int) -> dict[str, float]:
     old = _worker_pids(server)
     os.kill(old[rank], signal.SIGKILL)
     killed = time.monotonic()
-    health = _until(lambda: [r for r in [requests.get(server.url + "/health", timeout=10)] if r.status_code == 503],
+    health = until(lambda: [r for r in [requests.get(server.url + "/health", timeout=10)] if r.status_code == 503],
                     10, "/health to say respawning")[0]
     assert health.json()["status"] == "respawning" and "died with SIGKILL" in health.json()["reason"], health.text
     refused = create(server, seed=7)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "respawning", refused.text
     assert int(refused.headers["retry-after"]) >= 1
-    _until(lambda: requests.get(server.url + "/health", timeout=10).status_code == 200, 300, "/health 200 again")
+    until(lambda: requests.get(server.url + "/health", timeout=10).status_code == 200, 300, "/health 200 again")
     healthy_s = time.monotonic() - killed
     new = _worker_pids(server)
     assert set(new) == {0, 1} and not set(new.values()) & set(old.values()), (old, new)  # every worker replaced
@@ -715,7 +705,7 @@ def test_a_killed_worker_fails_only_its_jobs_and_the_server_heals_itself(own: di
     for job in (a, b):
         wait_running(server, job, min_progress=2)
     urgent = create(server, **LONG_HEAL, seed=23, priority=-1).json()["id"]
-    paused = _until(lambda: next((j for j in (a, b) if (requests.get(f"{server.url}/v1/videos/{j}", timeout=30).json()
+    paused = until(lambda: next((j for j in (a, b) if (requests.get(f"{server.url}/v1/videos/{j}", timeout=30).json()
                                                         .get("progress_detail") or {}).get("state") == "paused"), None),
                     60, "a long job to pause")
     other = b if paused == a else a

@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from tests.helpers import (
-    IMAGE, rank_queue, events_mark, new_events, png_from, placements, video_sync, wait_for_events,
+    IMAGE, rank_queue, events_mark, new_events, png_from, placements, until, video_sync, wait_for_events,
     wan_request,
 )
 
@@ -31,17 +31,6 @@ from tests.helpers import (
 def queued_ids(server, after: float) -> list[str]:
     """Engine request ids the executor queued (could not start at once) since ``after``, in order."""
     return [e["request_id"] for e in placements(server, after, kind="queued")]
-
-
-def until(check, timeout: float = 60.0, what: str = "condition"):
-    """Poll ``check()`` every 0.1 s until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def run_two_at_once(server, fields: dict, seeds: tuple[int, int]) -> tuple[list, list]:

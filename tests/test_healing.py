@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,31 @@ def test_a_dead_group_fails_only_its_jobs_queued_ones_wait_and_start_on_the_new_
     rq.hold -= 1
     rq.respawned(rq.send, [0] * len(rq.cancel_slots))
     assert c.ranks in ((0,), (1,))  # the queued job starts on the new workers
+
+
+def test_a_death_seen_by_the_monitor_and_by_health_at_once_is_reported_once() -> None:
+    """The sentinel monitor and ``/health`` (``check_health``) can both see a worker die before the
+    executor has marked its group: the death is counted and healed once (a CI run counted 4 deaths
+    for 3 kills)."""
+    from omni_ext.executor.tuned import TunedExecutor
+
+    ex = object.__new__(TunedExecutor)
+    ex._lock = threading.Condition()
+    ex._expected = set()
+    ex._counts = {"worker_deaths": 0}
+    ex._procs = [SimpleNamespace(name="DiffusionWorker-0", pid=1, exitcode=-9, join=lambda t: time.sleep(0.05)),
+                 SimpleNamespace(name="DiffusionWorker-1", pid=2, exitcode=None, join=lambda t: None)]
+    healed = []
+    ex._heal = lambda ranks, reason: healed.append((ranks, reason))
+    threads = [threading.Thread(target=ex._on_worker_death, args=([0],)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert ex._counts["worker_deaths"] == 1
+    assert healed == [([0], "omni-ext: diffusion worker DiffusionWorker-0 (rank 0, pid 1) died with SIGKILL")]
+    ex._on_worker_death([0, 1])  # a later death of another rank is still reported
+    assert ex._counts["worker_deaths"] == 2 and healed[-1][0] == [1]
 
 
 def test_the_watchdog_stop_fails_the_job_with_its_reason_and_cancels_it_at_the_next_step() -> None:

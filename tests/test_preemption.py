@@ -20,7 +20,7 @@ import time
 
 import requests
 
-from tests.helpers import IMAGE, VIDEO, events_mark, placements, png_from, scrape, video_sync, wait_all
+from tests.helpers import IMAGE, VIDEO, events_mark, placements, png_from, scrape, until, video_sync, wait_all
 
 #: A CFG video long enough to be caught running (its step time is measured below), and the short
 #: interactive one that overtakes it (long enough that the paused state can be observed).
@@ -36,16 +36,6 @@ def _create(server, **fields) -> str:
     return resp.json()["id"]
 
 
-def _until(check, timeout: float = 120.0, what: str = "condition", every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def _video(server, job: str) -> dict:
     return requests.get(f"{server.url}/v1/videos/{job}", timeout=30).json()
 
@@ -56,7 +46,7 @@ def _when(server, job: str, test, what: str, timeout: float = 120.0) -> dict:
         seen = _video(server, job)
         return seen if test(seen.get("progress_detail") or {}) else None
 
-    return _until(check, timeout, f"{what} ({job})")
+    return until(check, timeout, f"{what} ({job})")
 
 
 def _events(server, before: float, job: str) -> list[dict]:
@@ -144,7 +134,7 @@ def test_delete_of_a_paused_job_unwinds_it_without_resuming(server_pool) -> None
     assert requests.delete(f"{server.url}/v1/videos/{long_job}", timeout=60).json()["deleted"] is True
     done = wait_all(server, [urgent])
     assert done[urgent]["status"] == "completed"
-    _until(lambda: any(e["kind"] == "done" for e in _events(server, before, long_job)), 60, "the paused job's end")
+    until(lambda: any(e["kind"] == "done" for e in _events(server, before, long_job)), 60, "the paused job's end")
     kinds = [e["kind"] for e in _events(server, before, long_job) if e["kind"] != "queued"]
     assert kinds == ["start", "preempt", "paused", "done"], kinds  # never resumed
     assert scrape(server, "omni_ext:paused_jobs") == 0
@@ -160,7 +150,7 @@ def test_qwen_image_pair_pauses_for_an_interactive_image_with_the_same_bytes(ser
     before = events_mark(server)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         long_f = pool.submit(requests.post, server.url + "/v1/images/generations", json=long_body, timeout=300)
-        _until(lambda: [e for e in placements(server, before) if e["kind"] == "start"], 120, "the long image to start")
+        until(lambda: [e for e in placements(server, before) if e["kind"] == "start"], 120, "the long image to start")
         time.sleep(0.3)
         urgent = requests.post(server.url + "/v1/images/generations",
                                json={**IMAGE, "size": "64x64", "num_inference_steps": 4, "seed": 88, "priority": -1},
@@ -192,7 +182,7 @@ def test_qwen_image_single_rank_job_pauses_for_an_interactive_image_with_the_sam
                 assert not f.done() or f.result().status_code == 200, f.result().text[:300]
             return len([e for e in placements(server, before) if e["kind"] == "start"]) == 2
 
-        _until(both_started, 120, "both long images to start")
+        until(both_started, 120, "both long images to start")
         time.sleep(0.3)
         urgent = requests.post(server.url + "/v1/images/generations",
                                json={**free, "size": "64x64", "num_inference_steps": 4, "seed": 97, "priority": -1},

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from tests.helpers import events_mark, options_for, placements
+from tests.helpers import events_mark, options_for, placements, until
 from tests.helpers import AHEAD_BUILDERS, REPLICAS2_DEPLOY, take_ahead
 from tests.media import decode_mp4, decode_png
 
@@ -273,13 +273,6 @@ def replica_of(server, job_id: str) -> int:
     return next(r for rid, r in dispatches(server) if rid.startswith(job_id + "-"))
 
 
-def wait_until(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def sdk(url: str):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
@@ -309,7 +302,7 @@ def test_two_replicas_in_one_server_share_a_burst_and_survive_losing_one(own) ->
     assert {r for _, r in sent} == {0, 1}, sent
     # A replica dies mid-job.
     ids = [post_video(server.url, 33, 8, i) for i in range(3)]  # ~15 s each in bfloat16
-    wait_until(lambda: len(bound_jobs(server, ids)) >= 2, 60, "two jobs bound")
+    until(lambda: len(bound_jobs(server, ids)) >= 2, 60, "two jobs bound")
     log = server.log_text()
     victim_replica = replica_of(server, ids[0])  # replicas 0 and 1 were started in that order
     pids = [int(p) for p in re.findall(r"loaded in StageDiffusionProc \(pid (\d+)", log)]
@@ -452,7 +445,7 @@ def test_multihost_burst_then_replica_loss_fails_only_its_job_then_it_rejoins(mu
     assert "omni-ext scheduler (API): a replica joined; admission now counts 3 slot(s)" in multihost.head.log_text()
     # A headless replica dies while every replica runs a long job.
     ids = [post_video(url, 33, 200, 10 + i) for i in range(3)]  # long jobs: one per replica
-    wait_until(lambda: len(bound_jobs(multihost.head, ids)) >= 3, 60, "three jobs bound")
+    until(lambda: len(bound_jobs(multihost.head, ids)) >= 3, 60, "three jobs bound")
     on = {i: replica_of(multihost.head, i) for i in ids}
     victim_index = 0
     dead = multihost.replica_id(victim_index)

@@ -220,7 +220,7 @@ class TunedExecutor(DiffusionExecutor):
         self._callbacks: list = []
         self._rpc_replies: dict[str, dict[int, tuple[bool, Any]]] = {}
         self._gen = 0  # the worker set's generation: a thread of an older one ends quietly
-        self._expected: set[int] = set()  # ranks of this generation stopped on purpose (not deaths)
+        self._expected: set[int] = set()  # ranks of this generation stopped on purpose, or whose death is reported
         self._healing = False
         self._budget = RespawnBudget(self.healing)
         self._counts = {"worker_deaths": 0, "respawns": 0, "watchdog_stops": 0, "watchdog_kills": 0}
@@ -546,6 +546,13 @@ class TunedExecutor(DiffusionExecutor):
                     break
 
     def _on_worker_death(self, ranks: list[int]) -> None:
+        """Report the deaths of ``ranks`` once: the monitor and :meth:`check_health` (``/health``) can both
+        see the same death before :meth:`_heal` has marked its group."""
+        with self._lock:
+            ranks = [r for r in ranks if r not in self._expected]
+            self._expected.update(ranks)
+        if not ranks:
+            return
         details = []
         for r in ranks:
             p = self._procs[r]
