@@ -37,6 +37,7 @@ import copy
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -162,6 +163,7 @@ class RankQueue:
         # (--request-batch-max-wait-ms): placement's settle (rule 5) would only wait a second time.
         self.settled_s = sched.settle_s if engine_settles else 0.0
         self._recheck_at: float | None = None  # when a pending deadline re-check dispatches (one timer at a time)
+        self._last_arrival = -math.inf  # the latest request's arrival (placement rule 5's gap)
 
     @property
     def costs(self) -> CostModel:
@@ -169,6 +171,14 @@ class RankQueue:
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    def _gap_s(self, arrival: float) -> float:
+        """Seconds since the request before this one arrived (placement rule 5: only a request that came
+        within the settle time of another waits for the rest of a burst); remembers this one."""
+        with self.lock:
+            gap = arrival - self._last_arrival
+            self._last_arrival = max(self._last_arrival, arrival)
+        return gap
 
     # ---- a job's life ----------------------------------------------------------------------
     def submit(self, request_id: str, req: Any) -> Job:
@@ -181,8 +191,8 @@ class RankQueue:
         mode = JobMode.for_request(needs_cfg=rc.cfg, group_size=self.cfg_size, warm_up=warm_up and self.tuned_model)
         seq = self.next_id()
         arrival = time.monotonic() - request_waited_s(sp)  # a job bound by the head waited there first
-        job = Job(f"omx-{seq}", request_id, req, JobNeeds(mode, rc.units, arrival=arrival - self.settled_s), shape=rc.key,
-                  steps=rc.steps, seq=seq)
+        needs = JobNeeds(mode, rc.units, arrival=arrival - self.settled_s, gap_s=self._gap_s(arrival))
+        job = Job(f"omx-{seq}", request_id, req, needs, shape=rc.key, steps=rc.steps, seq=seq)
         if job.all_ranks and self.small_warmup:
             job.req = _small_warmup(req)
         self._enqueue(job, {job.job_id: job}, arrival=arrival, learns=not warm_up,
@@ -216,6 +226,8 @@ class RankQueue:
         """Queue a wave the engine scheduled together (``--max-num-seqs``): ``(request_id, req)`` in
         order; returns each request's async output id. Requests with equal batch keys are cut into
         chunks by :func:`omni_ext.scheduler.batching.plan`, each chunk of more than one a batched job."""
+        if len(items) > 1:
+            self._gap_s(time.monotonic())  # its requests came together: even the first is part of a burst (rule 5)
         if self.batch_key is None or len(items) < 2:
             return [self.submit(rid, req).job_id for rid, req in items]
         ids: dict[int, str] = {}
@@ -287,7 +299,7 @@ class RankQueue:
         arrival = min(now - request_waited_s(sp) for sp in sps)
         units = rc.units * len(items)
         job = Job(f"omx-{seq}", f"{members[0]}+{len(members) - 1}", reqs,
-                  JobNeeds(mode, units, arrival=arrival - self.settled_s),
+                  JobNeeds(mode, units, arrival=arrival - self.settled_s, gap_s=self._gap_s(arrival)),
                   shape=cost.batch_key(rc.key, len(items)), steps=rc.steps, seq=seq, members=members)
         priority = min(request_priority(rid, sp) for rid, sp in zip(members, sps))
         deadlines = [d for rid, sp in zip(members, sps) if (d := request_deadline_s(rid, sp)) is not None]
