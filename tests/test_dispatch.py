@@ -99,11 +99,6 @@ def test_settle_holds_an_idle_burst_until_it_is_whole() -> None:
     # A busy server does not settle: the burst is already queued behind running work.
     busy = [policy.ReplicaLoad(0, running=[1.0]), policy.ReplicaLoad(1)]
     assert policy.settling(burst, busy, now=0.0, settle_s=0.05) == 0.0
-    # A request that came alone (none within settle_s before it) is bound at once.
-    idle = [policy.ReplicaLoad(0), policy.ReplicaLoad(1)]
-    assert policy.settling(burst, idle, now=0.0, settle_s=0.05, gap_s=2.0) == 0.0
-    assert policy.settling(burst, idle, now=0.02, settle_s=0.05, gap_s=0.01) == pytest.approx(0.03)
-    assert policy.plan(burst, idle, now=0.0, config=CONFIG, gap_s=2.0) == [("r0", 0)]
 
 
 def test_speed_factor_learns_a_slow_replica_and_is_bounded() -> None:

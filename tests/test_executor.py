@@ -204,9 +204,12 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
     assert set(ex.jobs.cost.by_shape) == {single_key}
     assert ex.jobs.cost.by_shape[single_key] == pytest.approx(2.0 / a.needs.units)
 
-    # idle: a CFG job that came alone (no request within settle_s before it) takes the whole group at once
+    # idle: a CFG job alone takes the whole group, once settle_s has shown no burst behind it
     alone = ex.submit("video_d-0000000d", wan_request())
-    assert len(started(ex)) == 5 and ex.queued() == []
+    assert len(started(ex)) == 4 and ex.queued() == [alone]
+    deadline = time.monotonic() + 5
+    while len(started(ex)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert started(ex)[4] == ("video_d-0000000d", (0, 1), "pair")
     assert progress.read_progress("video_d").mode == "pair"
     e = ex.submit("video_e-0000000e", wan_request())

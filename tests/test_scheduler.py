@@ -435,10 +435,12 @@ def test_an_idle_layout_waits_for_the_burst_then_orders_it_longest_first() -> No
 
 def test_a_request_that_came_alone_starts_at_once_and_only_a_burst_settles() -> None:
     """Rule 5 holds an idle layout only once a request came within ``settle_s`` of the one before it:
-    an isolated request pays no settle (as a pair in adaptive mode, or on a single rank), while the
-    rest of a burst that follows it is gathered and ordered as before."""
+    an isolated request is not held (a pair in pair mode, a single rank), while the rest of a burst
+    that follows it is gathered and ordered as before; the adaptive pair decision still settles."""
     alone = Job("c0", JobNeeds(PAIR, arrival=10.0, gap_s=5.0))
-    assert placed([alone], {0, 1}, CFG2, cfg_mode="adaptive", now=10.0, settle_s=0.05) == [("c0", (0, 1), "pair")]
+    assert placed([alone], {0, 1}, CFG2, cfg_mode="pair", now=10.0, settle_s=0.05) == [("c0", (0, 1), "pair")]
+    # ... but an adaptive pair decision waits its settle time even alone (a blind pair takes the group)
+    assert placed([alone], {0, 1}, CFG2, cfg_mode="adaptive", now=10.0, settle_s=0.05) == []
     short = Job("s", JobNeeds(SINGLE, units=1.0, arrival=10.0, gap_s=float("inf")))  # the first request ever
     assert placed([short], {0, 1}, CFG1_DP2, now=10.0, settle_s=0.05) == [("s", (0,), "single")]
     # a request 10 ms after the one before it settles, idle layout or adaptive pair
@@ -451,6 +453,7 @@ def test_a_request_that_came_alone_starts_at_once_and_only_a_burst_settles() -> 
     assert placed([short, later], {0, 1}, CFG1_DP2, now=10.06, settle_s=0.05) == [
         ("s", (0,), "single"), ("s2", (1,), "single")]
     assert placed([alone], {0, 1}, CFG2, cfg_mode="adaptive", now=10.0, settle_s=0.0) == [("c0", (0, 1), "pair")]
+    assert placed([alone], {0, 1}, CFG2, cfg_mode="adaptive", now=10.06, settle_s=0.05) == [("c0", (0, 1), "pair")]
 
 
 def test_a_cache_backend_scales_the_cost_seed() -> None:

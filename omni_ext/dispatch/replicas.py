@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -155,7 +154,6 @@ class _Pending:
     companions: list[tuple[str, Any, Any, dict[str, Any]]] = field(default_factory=list)
     resent: bool = False
     bound_wall: float | None = None  # unix time it was bound to a replica (it runs there from then on)
-    gap_s: float = 0.0  # seconds since the request before it arrived (the settle rule)
 
 
 class Dispatcher:
@@ -171,7 +169,6 @@ class Dispatcher:
         self.timer: asyncio.TimerHandle | None = None
         self.no_replica_since: float | None = None
         self.live_seen: tuple[int, ...] = ()
-        self.last_arrival = -math.inf  # the latest request's arrival (the settle rule's gap)
         owner._add(self)
         lb = getattr(pool, "_lb", None)
         logger.info(
@@ -223,10 +220,8 @@ class Dispatcher:
         """Queue a new request and bind what can start: the replica it was bound to at once, else -1."""
         pipeline = self.settings.pipeline
         rc = request_cost(pipeline, request, params)
-        now = time.monotonic()
-        gap, self.last_arrival = now - self.last_arrival, now
-        self.queue.submit(request_id, _Pending(request_id, request, params, submit_kwargs, gap_s=gap),
-                          priority=request_priority(request_id, params), arrival=now, key=rc.key, units=rc.units,
+        self.queue.submit(request_id, _Pending(request_id, request, params, submit_kwargs),
+                          priority=request_priority(request_id, params), arrival=time.monotonic(), key=rc.key, units=rc.units,
                           deadline_s=request_deadline_s(request_id, params))
         logger.debug("omni-ext dispatch: queued %s (%d waiting)", request_id, self.waiting())
         self.pump()
@@ -265,14 +260,12 @@ class Dispatcher:
             return
         self.no_replica_since = None
         loads = self._loads(live, now)
-        queued = self.queue.queued()
-        tickets = [self.queue.price(e) for e in queued]
-        gap = min((e.payload.gap_s for e in queued), default=math.inf)
-        hold = policy.settling(tickets, loads, now, self.settings.config.settle_s, gap)
+        tickets = [self.queue.price(e) for e in self.queue.queued()]
+        hold = policy.settling(tickets, loads, now, self.settings.config.settle_s)
         if hold > 0:
             self._again(hold)
             return
-        for request_id, replica in policy.plan(tickets, loads, now, self.settings.config, gap):
+        for request_id, replica in policy.plan(tickets, loads, now, self.settings.config):
             entry = self._bind(request_id, replica, now)
             self._spawn(self._send(entry.payload, replica, entry.ticket.arrival))
         if self.waiting():

@@ -50,9 +50,8 @@ class SchedulerConfig:
     async creates sent back to back spanned 36 ms on a 2-core host). So that the order and the
     adaptive rule see a burst whole instead of starting its first arrivals blind, once a request
     came within ``settle_s`` of the one before it, an idle executor starts nothing until its first
-    queued job has waited ``settle_s``, and an adaptive CFG job runs as a pair only once it has
-    waited ``settle_s`` with nobody behind it. A request that came alone starts at once (placement
-    rule 5): only the first request of a burst is placed blind.
+    queued job has waited ``settle_s`` (a request that came alone is not held), and an adaptive CFG
+    job runs as a pair only once it has waited ``settle_s`` with nobody behind it (placement rule 5).
     ``order`` ("slo"): ``"cost"`` starts the longest predicted job of the best (aged) priority
     first, which keeps a burst near its makespan bound whatever the arrival order; ``"fifo"``
     keeps arrival order within a priority (vLLM-Omni's own order; for comparisons); ``"slo"``

@@ -23,12 +23,14 @@ Rules, in queue order:
    and runs on each of them alone, so every worker is warm before the first real request.
 5. Settling: the requests of a burst reach the executor one by one, a few milliseconds apart. Once
    a request has come within ``settle_s`` of the one before it (its ``gap_s``), an idle layout
-   starts nothing until its oldest queued job has waited ``settle_s``, and an adaptive pair
-   decision waits until that job has waited ``settle_s``: a burst is then ordered and placed as a
-   burst, not as an idle server that gets one request. A request that came alone starts at once:
-   the settle would be pure overhead on every isolated job (a 64x64, 4-step CFG video took 194 ms
-   with it against vLLM-Omni's 131 ms), and what a burst loses is only the place of its first
-   request, which runs as if the burst had not followed it.
+   starts nothing until its oldest queued job has waited ``settle_s``: a burst is then ordered and
+   placed as a burst, not as an idle server that gets one request. A request that came alone is not
+   held by that (the hold is pure overhead on an isolated job; a burst loses only the place of its
+   first request, on one rank or its pair-mode group). An adaptive pair decision still waits until
+   the job has waited ``settle_s``, alone or not: a pair started blind takes the whole group from the
+   burst behind it, whose jobs then wait a pair's run and are admitted on single-rank predictions
+   learned late (tried on 12-06: the admission promise after a paired warm-up broke by 0.2-0.6 s,
+   and a filled server admitted a request it should have refused).
 6. While the executor holds dispatch (a control-plane RPC waits for every rank to be idle),
    nothing starts.
 """
@@ -87,7 +89,7 @@ class JobNeeds:
     mode: JobMode
     units: float = 0.0
     arrival: float = 0.0  # monotonic seconds it was queued (the adaptive rule's settle time)
-    gap_s: float = 0.0  # seconds since the request before it arrived (rule 5: a job that came alone does not settle)
+    gap_s: float = 0.0  # seconds since the request before it arrived (rule 5: a job that came alone is not held)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", JobMode(self.mode))  # accept the plain value too
@@ -199,8 +201,7 @@ def next_placements(
     starts: list[Start[J]] = []
     for i, job in enumerate(queue):
         mode = _mode_now(job.needs.mode, cfg_mode, waiting=len(queue) - i, free=free, layout=layout)
-        if (mode is JobMode.PAIR and cfg_mode == CfgMode.ADAPTIVE and now - job.needs.arrival < settle_s
-                and job.needs.gap_s < settle_s):
+        if mode is JobMode.PAIR and cfg_mode == CfgMode.ADAPTIVE and now - job.needs.arrival < settle_s:
             break  # too early to tell an idle server from the first request of a burst
         ranks = _ranks_for(mode, free, layout)
         if ranks is None:

@@ -26,11 +26,9 @@ omni-ext keeps the queue on the head instead and binds late:
    later requests in the order do not take it) and the free replicas take the requests behind it.
    When no replica meets it, rule 3 binds it at once (it is late whatever happens). Under
    ``order`` "cost" or "fifo" a replica's scheduler has no deadlines, and neither has this rule.
-5. **Settle.** When every replica is idle and a burst is arriving (a queued request came within
-   ``settle_s`` of the one before it), nothing is bound until the oldest queued request has waited
-   ``settle_s``: a burst's requests reach the head a few milliseconds apart and are ordered whole
-   instead of first-come (as the TunedExecutor does inside a replica). A request that came alone is
-   bound at once.
+5. **Settle.** When every replica is idle, nothing is bound until the oldest queued request has
+   waited ``settle_s``: a burst's requests reach the head a few milliseconds apart and are ordered
+   whole instead of first-come (as the TunedExecutor does inside a replica).
 
 The mechanism (the head's queue on vLLM-Omni's ``StagePool``: submission, release, membership) is
 :mod:`omni_ext.dispatch.replicas`.
@@ -111,25 +109,23 @@ def _rank(replica: ReplicaLoad, job_s: float) -> tuple:
     return (round(finish_s(replica, job_s), 6), round(replica.work_s, 6), len(replica.running), replica.id)
 
 
-def settling(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float, settle_s: float,
-             gap_s: float = 0.0) -> float:
-    """Seconds left of the settle hold (rule 5), 0.0 when there is none. ``gap_s``: the shortest time
-    between a queued request's arrival and the request before it (0: a burst, the cautious default)."""
-    if not pending or settle_s <= 0 or gap_s >= settle_s or any(r.running for r in replicas):
+def settling(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float, settle_s: float) -> float:
+    """Seconds left of the settle hold (rule 5), 0.0 when there is none."""
+    if not pending or settle_s <= 0 or any(r.running for r in replicas):
         return 0.0
     oldest = min(t.arrival for t in pending)
     return max(0.0, settle_s - (now - oldest))
 
 
 def plan(pending: Sequence[Ticket], replicas: Sequence[ReplicaLoad], now: float,
-         config: SchedulerConfig, gap_s: float = 0.0) -> list[tuple[str, int]]:
+         config: SchedulerConfig) -> list[tuple[str, int]]:
     """``(ticket id, replica id)`` for every queued request that should be bound now, in order.
 
     ``replicas`` are the live ones; their ``running`` lists are updated as jobs are placed (and as a
     waiting request reserves a busy replica's next slot), so the caller's view stays consistent if
     it applies the whole plan.
     """
-    if settling(pending, replicas, now, config.settle_s, gap_s) > 0:
+    if settling(pending, replicas, now, config.settle_s) > 0:
         return []
     out: list[tuple[str, int]] = []
     capacity = sum(replica.capacity for replica in replicas)
