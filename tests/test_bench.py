@@ -594,3 +594,129 @@ def test_the_burst_yardstick_weights_each_lengths_slowdown_by_its_jobs_time() ->
     # a length it never timed, or nothing timed two at once: no factor (the goal falls back to 1.10)
     assert weighted_slowdown(ceiling, [("33", 3.0)]) is None
     assert weighted_slowdown(job_pair_result({81: {"one": [5.0], "two": []}}, 20, [64, 64]), [("81", 5.0)]) is None
+
+
+# ---- --repeat: N runs, the median and two thirds of the runs ----------------------------------------------
+def _runs(name: str, op: str, goal: float, values: list, passes: list | None = None, measurement: bool = True) -> list:
+    """One figure's value in each run, as each run's ``figures`` (a run's ``pass`` overridable, as the
+    stream's "ahead of the baselines" does)."""
+    runs = []
+    for i, v in enumerate(values):
+        fig = c.figure(v, op, goal, measurement)
+        if passes is not None:
+            fig["pass"] = passes[i]
+        runs.append({name: fig})
+    return runs
+
+
+def test_repeat_takes_the_median_range_and_runs_meeting_of_each_figure() -> None:
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [0.981, 0.798, 0.96]))["slo3"]
+    assert f["runs"] == [0.981, 0.798, 0.96] and f["median"] == f["value"] == 0.96
+    assert f["range"] == [0.798, 0.981] and f["runs_meeting"] == 2 and f["runs_needed"] == 2 and f["n"] == 3
+    assert f["pass"] is True and f["verdict"] == "PASS" and f["goal"] == ">= 0.95"
+    # the median misses: one good run (or two of three at most) is not a result
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [0.981, 0.798, 0.90]))["slo3"]
+    assert f["median"] == 0.90 and f["runs_meeting"] == 1 and f["pass"] is False and f["verdict"] == "FAIL"
+
+
+def test_repeat_a_le_goal_and_a_ge_goal_side_by_side() -> None:
+    runs = [{**a, **b} for a, b in zip(_runs("p99", "<=", 3.0, [2.43, 18.2, 2.9]), _runs("slo3", ">=", 0.85, [0.873, 0.754, 0.86]))]
+    figs = c.repeat_figures(runs)
+    assert list(figs) == ["p99", "slo3"]
+    assert figs["p99"]["median"] == 2.9 and figs["p99"]["range"] == [2.43, 18.2] and figs["p99"]["pass"] is True
+    assert figs["slo3"]["median"] == 0.86 and figs["slo3"]["runs_meeting"] == 2 and figs["slo3"]["pass"] is True
+    figs = c.repeat_figures(_runs("p99", "<=", 3.0, [2.43, 18.2, 3.1]))
+    assert figs["p99"]["median"] == 3.1 and figs["p99"]["pass"] is False
+
+
+def test_repeat_passes_only_when_two_thirds_of_the_runs_also_meet_the_goal() -> None:
+    # every value meets 0.95, but two runs failed a condition beyond the goal (behind a baseline)
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [0.96, 0.97, 0.98], passes=[True, False, False]))["slo3"]
+    assert f["median"] == 0.97 and f["runs_meeting"] == 1 and f["pass"] is False
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [0.96, 0.97, 0.98], passes=[True, False, True]))["slo3"]
+    assert f["runs_meeting"] == 2 and f["pass"] is True
+    # two runs: the median (their mean) meets 0.95, but only 1 of the 2 needed runs does
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [0.96, 0.94]))["slo3"]
+    assert f["median"] == pytest.approx(0.95) and f["runs_needed"] == 2 and f["pass"] is False
+    assert [c.runs_needed(n) for n in (1, 2, 3, 4, 5, 6)] == [1, 2, 2, 3, 4, 4]
+
+
+def test_repeat_a_run_without_a_value_misses_and_ranks_worst_in_the_median() -> None:
+    # a p99 that fell on a refused request has no value (unbounded): the worst of "<="
+    f = c.repeat_figures(_runs("p99", "<=", 3.0, [2.5, None, 2.8]))["p99"]
+    assert f["runs"] == [2.5, None, 2.8] and f["median"] == 2.8 and f["range"] == [2.5, 2.8]
+    assert f["runs_meeting"] == 2 and f["pass"] is True
+    f = c.repeat_figures(_runs("p99", "<=", 3.0, [2.5, None, 3.5]))["p99"]
+    assert f["median"] == 3.5 and f["pass"] is False  # not 3.0, the mean of the two with a value
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [None, 0.96, 0.97]))["slo3"]
+    assert f["median"] == 0.96 and f["pass"] is True
+    # the median falls on a run without a value: no median, and a FAIL (some runs had one)
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [None, 0.99, None]))["slo3"]
+    assert f["median"] is None and f["range"] == [0.99, 0.99] and f["pass"] is False and f["verdict"] == "FAIL"
+    # no run has a value: no verdict, as for one run
+    f = c.repeat_figures(_runs("slo3", ">=", 0.95, [None, None, None]))["slo3"]
+    assert f["median"] is None and f["range"] is None and f["pass"] is None and f["verdict"] == "n/a"
+    # a figure missing from a run (its server did not run then) counts as a run without a value
+    runs = _runs("loss", "<=", 0.05, [0.01, 0.02, 0.03])
+    del runs[1]["loss"]
+    f = c.repeat_figures(runs)["loss"]
+    assert f["runs"] == [0.01, None, 0.03] and f["median"] == 0.03 and f["runs_meeting"] == 2 and f["pass"] is True
+
+
+@pytest.mark.parametrize("value,op,goal,run_pass,measurement", [
+    (0.96, ">=", 0.95, None, True), (0.90, ">=", 0.95, None, True), (0.96, ">=", 0.95, False, True),
+    (2.9, "<=", 3.0, None, True), (3.1, "<=", 3.0, None, False), (None, "<=", 3.0, None, True)])
+def test_repeat_of_one_run_is_that_runs_verdict(value, op, goal, run_pass, measurement) -> None:
+    run = _runs("x", op, goal, [value], None if run_pass is None else [run_pass], measurement)[0]["x"]
+    f = c.repeat_figures([{"x": run}])["x"]
+    assert (f["value"], f["pass"], f["measurement"], f["goal"]) == (run["value"], run["pass"], run["measurement"], run["goal"])
+    assert f["verdict"] == c.verdict(run) and f["runs_needed"] == 1
+
+
+def test_repeat_table_shows_each_run_the_median_the_range_and_the_verdict() -> None:
+    figs = c.repeat_figures(_runs("stream.short_p99_over_standalone@0.9", "<=", 3.0, [2.43, None, 2.9]))
+    text = c.repeat_table(figs, ["run 1", "run 2", "run 3"])
+    header, _, row = text.splitlines()
+    assert header.split() == ["figure", "run", "1", "run", "2", "run", "3", "median", "range", "goal", "runs", "meeting", "verdict"]
+    assert row.split() == ["stream.short_p99_over_standalone@0.9", "2.430", "-", "2.900", "2.900", "2.430-2.900", "<=", "3",
+                           "2/3", "(need", "2)", "PASS"]
+
+
+def test_stream_repeat_option_keeps_every_run_and_adds_the_repeat_section(capsys) -> None:
+    from omni_ext.bench import stream as st
+    from omni_ext.cli import main
+
+    assert parse("stream", "--json", "x.json").repeat == 1
+    assert parse("stream", "--json", "x.json", "--repeat", "3").repeat == 3
+    assert main(["bench", "stream", "--dry-run", "--quick", "--repeat", "3", "--seed", "5"]) == 0
+    plan = json.loads(capsys.readouterr().out.split("\n[bench]")[0])
+    assert plan["repeat"]["seeds"] == [5, 6, 7] and "at least 2 of 3" in plan["repeat"]["pass"]
+    assert main(["bench", "stream", "--dry-run", "--quick"]) == 0
+    assert "repeat" not in json.loads(capsys.readouterr().out.split("\n[bench]")[0])  # --repeat 1: as before
+    with pytest.raises(SystemExit, match="--repeat"):
+        main(["bench", "stream", "--dry-run", "--repeat", "0"])
+
+    def reqs(within: int) -> list:
+        """10 short requests, ``within`` of them inside 3x standalone."""
+        return [{"cls": "short", "status": "completed", "latency_s": 2.0 if i < within else 4.0, "end_s": 10.0 + i}
+                for i in range(10)]
+
+    def one(seed: int, within: int, host: dict) -> dict:
+        raw = {"slo": {"0.7": reqs(within)}, "fifo": {"0.7": reqs(5)}, "stock": {"0.7": reqs(4)}}
+        alone = {n: {"short": 1.0, "long": 8.0} for n in raw}
+        return st.summarize(raw, alone, [0.7], None, host, {"seed": seed})
+
+    results = [one(0, 10, HOST), one(1, 8, HOST), one(2, 10, BUSY)]
+    out = st.repeated(results)
+    assert out["results"] == results and out["repeat"]["seeds"] == [0, 1, 2] and out["repeat"]["runs_needed"] == 2
+    f = out["repeat"]["figures"]["stream.slo3_attainment@0.7"]
+    assert f is out["figures"]["stream.slo3_attainment@0.7"]
+    assert f["runs"] == [1.0, 0.8, 1.0] and f["median"] == 1.0 and f["range"] == [0.8, 1.0] and f["runs_meeting"] == 2
+    assert f["pass"] is True and f["measurement"] is False  # run 3 started on a busy host
+    assert out["measurement"] is False and out["busy_runs"] == [3]
+    text = st.table(out)
+    assert "== run 2/3 (seed 1) ==" in text and "at least 2 of 3 runs" in text and "PASS (not a measurement)" in text
+    assert "NOT A MEASUREMENT: run(s) 3 started on a busy host" in text
+    assert st.median_by_load(results)["0.7"] == {"slo": {"slo3_attainment": 1.0}, "fifo": {"slo3_attainment": 0.5},
+                                                 "stock": {"slo3_attainment": 0.4}}
+    json.dumps(out, default=str)

@@ -95,7 +95,7 @@ def _module_command(bsub, name: str, module: str, help: str, description: str) -
 def add_subcommands(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks on real servers (TunedExecutor vs vLLM-Omni, the request scheduler)")
     bsub = p.add_subparsers(dest="bench_command", required=True)
-    c = bsub.add_parser("cfg-parallel", help="one request at a time: one device vs stock cfg 2 vs omni-ext cfg 2 (--sp N: stock vs omni-ext on cfg 2 x ulysses N)")
+    c = bsub.add_parser("cfg-parallel", help="one request at a time: one device vs stock cfg 2 vs omni-ext cfg 2 (--sp N: stock vs omni-ext on cfg 2 x ulysses N; --single-jobs: the per-job overhead grid)")
     # 80x80x17, 25 steps on the "med" tiny Wan: a CFG step ~180 ms on one thread, VAE decode + text
     # encoding ~6 % of one-device time (Wan2.1-1.3B at 832x480x81, 50 steps: 5-15 %).
     _common(c, steps=25, size="80x80", frames=17, reps=5)
@@ -108,8 +108,28 @@ def add_subcommands(sub) -> None:
                    help="N > 1: CFG 2 x Ulysses N (2N processes), vLLM-Omni's executor vs the TunedExecutor, "
                         "and the bare 2N-process loop as ceiling")
     c.add_argument("--settle", type=float, default=2.0, metavar="S",
-                   help="--sp/--model: seconds between alternated requests (vLLM-Omni's idle workers poll busily "
+                   help="--sp/--model/--single-jobs: seconds between alternated requests (vLLM-Omni's idle workers poll busily "
                         "for a while after a request, which slowed the other server's next request by ~20 %%)")
+    from omni_ext.bench.single import DEFAULT_FRAMES, DEFAULT_SIZE, DEFAULT_STEPS, MODELS, int_list, model_list
+
+    c.add_argument("--single-jobs", action="store_true",
+                   help="per-job overhead (issue 38): single requests, one at a time, on ONE pair of servers per model "
+                        "(vLLM-Omni's executor and routes vs the TunedExecutor, CFG 2, one thread per process, as "
+                        "--model starts them), alternated with --settle between them, --reps alternations per row. "
+                        "Rows: the tiny Wan2.1 at --single-frames x --single-steps, then the tiny Qwen-Image at "
+                        "--single-steps, all at --single-size; the two pairs run one after the other. Per row: median "
+                        "latency stock and tuned, tuned_vs_stock = stock/tuned (goal >= 1.00), overhead ms = tuned - "
+                        "stock (goal <= 10); then an overall verdict. Ignores --size/--frames/--steps and the ceiling "
+                        "options; not with --model or --sp > 1. Defaults (12 rows, 2 warm-ups + 2 x --reps requests each, "
+                        "every one after --settle): ~10-12 min on 2 cores with the two pairs' starts")
+    c.add_argument("--single-frames", type=int_list, default=DEFAULT_FRAMES, metavar="F,F",
+                   help=f"--single-jobs: the Wan video rows' frame counts, 4k+1 (default {','.join(map(str, DEFAULT_FRAMES))})")
+    c.add_argument("--single-steps", type=int_list, default=DEFAULT_STEPS, metavar="S,S",
+                   help=f"--single-jobs: the step counts of every model's rows (default {','.join(map(str, DEFAULT_STEPS))})")
+    c.add_argument("--single-size", default=DEFAULT_SIZE, metavar="WxH",
+                   help=f"--single-jobs: the size of every row (default {DEFAULT_SIZE})")
+    c.add_argument("--single-models", type=model_list, default=MODELS, metavar="M,M",
+                   help=f"--single-jobs: which server pairs to run, in this order (default {','.join(MODELS)})")
     c.add_argument("--ceiling-reps", type=_positive_int, default=3, help="--sp: timed loops per ceiling layout (median)")
     c.set_defaults(func=_cfg)
     d = bsub.add_parser("data-parallel", help="8 concurrent requests: 2 groups vs 1; CFG-free on a cfg-2 group")
@@ -185,7 +205,9 @@ def add_subcommands(sub) -> None:
                     "vLLM-Omni in 2 replicas, and slo without preemption), started together and measured one at a "
                     "time on the same seeded streams. Defaults: 64x64, short 9 frames x 8 steps, long 81 x 20, 75 %% "
                     "short, loads 0.5,0.7,0.9 of the measured capacity, 150 s of arrivals each (~40 min on 2 cores). "
-                    "--quick: 32x32, 5x2 and 17x6, load 0.7, 20 s.")
+                    "--quick: 32x32, 5x2 and 17x6, load 0.7, 20 s. --repeat N: N runs on the same servers (seeds "
+                    "--seed + i), each and the median reported; a figure passes when the median and two thirds of "
+                    "the runs (2 of 3) meet it.")
     _module_command(
         bsub, "batching", "batching",
         help="a burst of concurrent images under --max-num-seqs: TunedExecutor vs vLLM-Omni's executor (goal: "

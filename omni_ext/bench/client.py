@@ -58,10 +58,20 @@ def sync_request(url: str, fields: dict[str, Any], timeout: float = 1800,
 def sync_edit_request(url: str, fields: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     """One ``POST /v1/images/edits`` (its ``image`` a PNG in ``fields``): the same record as
     :func:`sync_request`, the stage durations from the answer's ``metrics``."""
+    return _sync_image(url + "/v1/images/edits", timeout, files=_form(fields))
+
+
+def sync_image_request(url: str, fields: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """One ``POST /v1/images/generations`` (a JSON body): the same record as :func:`sync_edit_request`
+    (stage durations where the route's answer has ``metrics``: vLLM-Omni's does, omni-ext's does not)."""
+    return _sync_image(url + "/v1/images/generations", timeout, json=fields)
+
+
+def _sync_image(endpoint: str, timeout: float, **payload: Any) -> dict[str, Any]:
     import requests
 
     t0 = time.perf_counter()
-    r = requests.post(url + "/v1/images/edits", files=_form(fields), timeout=timeout)
+    r = requests.post(endpoint, timeout=timeout, **payload)
     dt = time.perf_counter() - t0
     if r.status_code != 200:
         raise RequestFailed(r.status_code, r.text)

@@ -304,6 +304,57 @@ def verdict(fig: dict[str, Any]) -> str:
     return word if fig.get("measurement", True) else f"{word} (not a measurement)"
 
 
+def runs_needed(n: int) -> int:
+    """How many of ``n`` runs must meet a goal: two thirds, rounded up (2 of 3, 1 of 1)."""
+    return math.ceil(2 * n / 3)
+
+
+def repeat_figures(runs: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The figures of ``n`` runs of one benchmark (each run's ``figures``), one figure each: the median
+    of the runs' values, their range, how many runs met the goal, and a verdict that passes only when
+    the median meets the goal AND at least :func:`runs_needed` runs passed (one good run is not a
+    result, issue 38).
+
+    A run without a value (no figure, or None: e.g. a p99 that fell on a refused request, unbounded)
+    does not meet the goal and ranks as the worst value in the median, so a missing run can only lower
+    it; the median is None when it falls on one. No value in any run: no verdict (``pass`` None), as
+    for one run. A run's own ``pass`` is what counts as meeting, so conditions beyond the goal (the
+    stream's "ahead of the baselines") carry over."""
+    n = len(runs)
+    need = runs_needed(n)
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(k for figs in runs for k in figs):
+        figs = [figs.get(name) for figs in runs]
+        known = [f for f in figs if f is not None]
+        op, target = known[0]["goal_op"], known[0]["goal_value"]
+        values = [None if f is None else f.get("value") for f in figs]
+        finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+        worst = math.inf if op in ("<=", "<") else -math.inf
+        mid = statistics.median([float(v) if v is not None and math.isfinite(v) else worst for v in values])
+        mid = mid if math.isfinite(mid) else None
+        meeting = sum(f is not None and f.get("pass") is True for f in figs)
+        ok = None if not finite else bool(judge(mid, op, target)) and meeting >= need
+        fig = {"value": mid, "goal": known[0]["goal"], "goal_op": op, "goal_value": target, "pass": ok,
+               "measurement": all(f.get("measurement", True) for f in known), "runs": values, "median": mid,
+               "range": [min(finite), max(finite)] if finite else None, "runs_meeting": meeting,
+               "runs_needed": need, "n": n}
+        fig["verdict"] = verdict(fig)
+        out[name] = fig
+    return out
+
+
+def repeat_table(figures: dict[str, dict[str, Any]], run_labels: Sequence[str]) -> str:
+    """The table of :func:`repeat_figures`: each run's value, the median, the range, the goal, the runs
+    that met it and the verdict."""
+    def span(r: list[float] | None) -> str:
+        return "-" if r is None else f"{fmt(r[0])}-{fmt(r[1])}"
+
+    headers = ["figure", *run_labels, "median", "range", "goal", "runs meeting", "verdict"]
+    rows = [[name, *f["runs"], f["median"], span(f["range"]), f["goal"],
+             f"{f['runs_meeting']}/{f['n']} (need {f['runs_needed']})", f["verdict"]] for name, f in figures.items()]
+    return format_table(headers, rows)
+
+
 def fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"

@@ -21,6 +21,10 @@ still gives the SP speedup over one device. ``--model`` picks the tiny model (``
 the image-to-video ones get a fixed reference image with every request); the bare loop then runs that
 model's pipeline class and latent shape (I2V's 36 input channels, TI2V-5B's 48 and 16x VAE).
 
+cfg-parallel --single-jobs: the per-job overhead grid (issue 38), in :mod:`omni_ext.bench.single`: single
+requests on one stock/tuned pair per model (the ``--model`` layout with sp 1), Wan2.1 videos and
+Qwen-Image images at 1-8 steps, tuned_vs_stock and the overhead in ms per row.
+
 data-parallel: 8 concurrent requests (a closed burst) against
 - omni-ext 2 groups (``data_parallel_size`` 2, cfg 1) vs 1 group (phase 1) -> ``throughput_ratio_tuned``;
 - vLLM-Omni's in-executor DP (``--num-gpus 2`` + stage override ``data_parallel_size`` 2) vs its
@@ -338,6 +342,10 @@ def run_data_parallel(args) -> dict[str, Any]:
 
 
 def main_cfg_parallel(args) -> int:
+    if getattr(args, "single_jobs", False):
+        from omni_ext.bench import single
+
+        return single.main(args)
     if args.sp > 1 or getattr(args, "model", None):
         result = run_cfg_parallel_sp(args)
         return write_result(args.json, result, sp_table(result))

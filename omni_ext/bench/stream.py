@@ -33,6 +33,11 @@ ahead of fifo and stock; ``stream.short_p99_over_standalone`` at 0.9 <= 3;
 ``preempt.interactive_start_over_step`` <= 1.5; ``preempt.throughput_loss`` <= 0.05 at 0.9. The burst
 side (``mixed.makespan_over_bound``) is ``omni-ext bench mixed``. ``--plot`` draws attainment against
 load per server.
+
+``--repeat N`` (issue 38: one run met every goal, an earlier one on the same code missed them all)
+repeats steps 1-4 N times on the same servers, run i with the arrivals' seed ``--seed`` + i, each
+after a wait for a quiet host; a figure passes when the median of the runs meets its goal and at
+least two thirds of the runs do (:func:`omni_ext.bench.common.repeat_figures`).
 """
 
 from __future__ import annotations
@@ -298,7 +303,47 @@ def server_specs(deploy: str) -> tuple[dict[str, list[str]], dict[str, dict[str,
     return specs, {"stock": dict(c.STOCK_DISPATCH_ENV)}
 
 
+def measure(servers: c.Servers, watchers: dict[str, LogWatcher], names: list[str], args, loads: list[float],
+            seed: int, label: str = "") -> tuple[dict, dict, dict | None, dict[str, Any]]:
+    """One run on servers already up and warm: the standalone times, the capacity, the streams seeded
+    by ``seed`` at every load, and the preemption; (raw, standalone, preempt, the run's facts)."""
+    measured = [n for n in SERVERS if n in names] or [names[0]]
+    raw: dict[str, dict[str, list[dict[str, Any]]]] = {n: {} for n in names}
+    standalone: dict[str, dict[str, float]] = {}
+    for name in measured:
+        standalone[name] = standalone_times(servers.url(name), JobTracker(servers.url(name), watchers[name]), args)
+        c.log(f"{label}{name}: standalone {standalone[name]}")
+    yard = {cls: min(s[cls] for s in standalone.values()) for cls in ("short", "long")}
+    pairs = {name: contention(servers.url(name), JobTracker(servers.url(name), watchers[name]), args,
+                              standalone[name]["long"]) for name in measured}
+    together = {name: round(c.median(v), 3) for name, v in pairs.items()}
+    host_contention = round(max(1.0, c.median([x for v in pairs.values() for x in v])), 3)
+    c.log(f"{label}two long jobs at once, each over alone: {pairs}; the host's: {host_contention}")
+    rate = capacity_rps(yard, args.short_share) / host_contention
+    schedules = {f"{load:g}": arrivals(load, rate, args.duration, args.short_share, seed) for load in loads}
+    top = f"{max(loads):g}"
+    plays = {f"{load:g}": [n for n in names if n != NOPREEMPT or f"{load:g}" == top] for load in loads}
+    total = 2 * sum(len(schedules[k]) * len(v) for k, v in plays.items())
+    progress = c.Progress(f"{label}stream: requests sent + ended", total)
+    for load in loads:
+        key = f"{load:g}"
+        for name in plays[key]:
+            tracker = JobTracker(servers.url(name), watchers[name])
+            raw[name][key] = play(servers.url(name), tracker, args, schedules[key], 10_000 * (1 + loads.index(load)), progress)
+            stats = stream_stats(raw[name][key], yard)
+            c.log(f"{label}load {key} {name}: slo3 {stats['slo3_attainment']}, short p99 slowdown "
+                  f"{stats['short']['p99_slowdown']}, {stats['refused']} refused")
+    progress.close()
+    preempt = interactive_start(servers.url("slo"), watchers["slo"], args, yard["long"]) if "slo" in names else None
+    facts = {"seed": seed, "capacity_rps": _r(rate), "capacity_rps_alone": _r(capacity_rps(yard, args.short_share)),
+             "two_jobs_over_alone": together, "two_jobs_over_alone_pairs": pairs, "contention": host_contention,
+             "arrivals": {k: len(v) for k, v in schedules.items()}}
+    return raw, standalone, preempt, facts
+
+
 def run(args) -> dict[str, Any]:
+    """``--repeat N`` runs on the same servers (started and warmed once), run i with the arrivals'
+    seed ``--seed`` + i, each after a wait for a quiet host; one run's result, or :func:`repeated`."""
     host = c.quiet_host(args)
     loads = parse_loads(args.loads)
     model, workdir, base_args, env = c.setup(args)
@@ -306,43 +351,21 @@ def run(args) -> dict[str, Any]:
     specs, envs = server_specs(mixed.replicas_deploy(workdir))
     names = parse_servers(args.servers)
     specs = {n: specs[n] for n in names}
-    measured = [n for n in SERVERS if n in names] or [names[0]]
-    raw: dict[str, dict[str, list[dict[str, Any]]]] = {n: {} for n in names}
-    standalone: dict[str, dict[str, float]] = {}
     watchers: dict[str, LogWatcher] = {}
-    preempt = None
+    done: list[tuple[dict[str, Any], tuple]] = []
+    n = args.repeat
     try:
         servers.start(specs, args.start_timeout, envs=envs)
         for name in names:
             watchers[name] = LogWatcher(servers.log_path(name)).start()
             for cls in ("short", "long"):  # both groups pay their first calls
                 sync_burst(servers.url(name), _fields(args, cls, 1), GROUPS)
-        for name in measured:
-            standalone[name] = standalone_times(servers.url(name), JobTracker(servers.url(name), watchers[name]), args)
-            c.log(f"{name}: standalone {standalone[name]}")
-        yard = {cls: min(s[cls] for s in standalone.values()) for cls in ("short", "long")}
-        pairs = {name: contention(servers.url(name), JobTracker(servers.url(name), watchers[name]), args,
-                                  standalone[name]["long"]) for name in measured}
-        together = {name: round(c.median(v), 3) for name, v in pairs.items()}
-        host_contention = round(max(1.0, c.median([x for v in pairs.values() for x in v])), 3)
-        c.log(f"two long jobs at once, each over alone: {pairs}; the host's: {host_contention}")
-        rate = capacity_rps(yard, args.short_share) / host_contention
-        schedules = {f"{load:g}": arrivals(load, rate, args.duration, args.short_share, args.seed) for load in loads}
-        top = f"{max(loads):g}"
-        plays = {f"{load:g}": [n for n in names if n != NOPREEMPT or f"{load:g}" == top] for load in loads}
-        total = 2 * sum(len(schedules[k]) * len(v) for k, v in plays.items())
-        progress = c.Progress("stream: requests sent + ended", total)
-        for load in loads:
-            key = f"{load:g}"
-            for name in plays[key]:
-                tracker = JobTracker(servers.url(name), watchers[name])
-                raw[name][key] = play(servers.url(name), tracker, args, schedules[key], 10_000 * (1 + loads.index(load)), progress)
-                stats = stream_stats(raw[name][key], yard)
-                c.log(f"load {key} {name}: slo3 {stats['slo3_attainment']}, short p99 slowdown "
-                      f"{stats['short']['p99_slowdown']}, {stats['refused']} refused")
-        progress.close()
-        if "slo" in names:
-            preempt = interactive_start(servers.url("slo"), watchers["slo"], args, yard["long"])
+        for i in range(n):
+            if i:  # the last run left the host busy
+                c.finish_host(host)
+                host = c.quiet_host(args)
+            label = f"run {i + 1}/{n} (seed {args.seed + i}): " if n > 1 else ""
+            done.append((host, measure(servers, watchers, names, args, loads, args.seed + i, label)))
     finally:
         for w in watchers.values():
             w.stop()
@@ -350,16 +373,29 @@ def run(args) -> dict[str, Any]:
     c.finish_host(host)
     facts = {"model": f"tiny Wan2.1-T2V '{args.model_size}' (random weights, float32)", "groups": GROUPS,
              "size": args.size, "classes": {k: {"frames": f, "steps": s} for k, (f, s) in args.classes.items()},
-             "short_share": args.short_share, "loads": loads, "duration_s": args.duration, "seed": args.seed,
-             "capacity_rps": _r(rate), "capacity_rps_alone": _r(capacity_rps(yard, args.short_share)),
-             "two_jobs_over_alone": together, "two_jobs_over_alone_pairs": pairs, "contention": host_contention,
-             "arrivals": {k: len(v) for k, v in schedules.items()},
+             "short_share": args.short_share, "loads": loads, "duration_s": args.duration,
              "server_commands": servers.commands, "workdir": str(workdir)}
-    return summarize(raw, standalone, loads, preempt, host, facts)
+    results = [summarize(raw, standalone, loads, preempt, h, {**facts, **mine})
+               for h, (raw, standalone, preempt, mine) in done]
+    return results[0] if n == 1 else repeated(results)
+
+
+def repeated(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """N runs' results as one: every run's full result (``results``) and the ``repeat`` section, whose
+    figures (:func:`omni_ext.bench.common.repeat_figures`: median, range, runs meeting the goal,
+    verdict) are also the top-level ``figures``."""
+    figures = c.repeat_figures([r["figures"] for r in results])
+    busy = [i + 1 for i, r in enumerate(results) if not r["measurement"]]
+    return {"benchmark": "stream", "measurement": not busy, "busy_runs": busy, "figures": figures,
+            "repeat": {"n": len(results), "seeds": [r["seed"] for r in results], "runs_needed": c.runs_needed(len(results)),
+                       "figures": figures},
+            "results": results}
 
 
 # ---- output -----------------------------------------------------------------------------------------------
 def table(result: dict[str, Any]) -> str:
+    if "repeat" in result:
+        return repeat_table(result)
     figs = result["figures"]
     out = [c.figures_table(figs, {f"{b} (vLLM-Omni)" if b == "stock" else b: {k: f.get(f"{b}_value") for k, f in figs.items()}
                                   for b in BASELINES})]
@@ -383,8 +419,40 @@ def table(result: dict[str, Any]) -> str:
     return "\n\n".join(out)
 
 
+def repeat_table(result: dict[str, Any]) -> str:
+    """Each run's tables, then every figure's runs, median, range and verdict (median and two thirds of
+    the runs meet the goal)."""
+    runs = result["results"]
+    out = [f"== run {i + 1}/{len(runs)} (seed {r['seed']}) ==\n\n{table(r)}" for i, r in enumerate(runs)]
+    rep = result["repeat"]
+    out.append(f"== {rep['n']} runs (seeds {', '.join(map(str, rep['seeds']))}): a figure passes when its median "
+               f"meets the goal and at least {rep['runs_needed']} of {rep['n']} runs do ==")
+    out.append(c.repeat_table(result["figures"], [f"run {i + 1}" for i in range(len(runs))]))
+    if result["busy_runs"]:
+        out.append(f"NOT A MEASUREMENT: run(s) {', '.join(map(str, result['busy_runs']))} started on a busy host")
+    return "\n\n".join(out)
+
+
+def median_by_load(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each server's median SLO-3x attainment per load over the runs (what :func:`plot` draws for
+    ``--repeat``)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key in results[0]["by_load"]:
+        names = dict.fromkeys(n for r in results for n in r["by_load"].get(key, {}))
+        out[key] = {}
+        for name in names:
+            vals = [r["by_load"][key][name]["slo3_attainment"] for r in results if name in r["by_load"].get(key, {})]
+            vals = [v for v in vals if v is not None]
+            if vals:
+                out[key][name] = {"slo3_attainment": c.median(vals)}
+    return out
+
+
 def plot(result: dict[str, Any], path: str | Path) -> None:
-    """SLO attainment at 3x against load, one line per server, the goals as points."""
+    """SLO attainment at 3x against load, one line per server (with ``--repeat``: the runs' median),
+    the goals as points."""
+    if "repeat" in result:
+        result = {"by_load": median_by_load(result["results"])}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -419,10 +487,14 @@ def dry_run(args) -> dict[str, Any]:
     planned = c.planned_commands(c.model_path(args), specs)
     for name, env in envs.items():
         planned[name] = c.shell_command([], env).strip() + " " + planned[name]
-    return {"benchmark": "stream", "servers (started together, measured one at a time)": planned,
+    plan = {"benchmark": "stream", "servers (started together, measured one at a time)": planned,
             "classes": {k: {"frames": f, "steps": s, "request": _fields(args, k, 0)} for k, (f, s) in args.classes.items()},
             "short_share": args.short_share, "loads": loads, "duration_s": args.duration, "seed": args.seed,
             "goals": {k: f"{op} {v:g}" for k, (op, v) in GOALS.items()}}
+    if args.repeat > 1:
+        plan["repeat"] = {"runs": args.repeat, "seeds": [args.seed + i for i in range(args.repeat)],
+                          "pass": f"median meets the goal and at least {c.runs_needed(args.repeat)} of {args.repeat} runs do"}
+    return plan
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -439,6 +511,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per load and server (150)")
     p.add_argument("--standalone-reps", type=int, default=None, help="standalone timings per class and server (median)")
     p.add_argument("--seed", type=int, default=None, help="the arrivals' seed")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="play the whole benchmark N times on the same servers, run i with seed --seed + i, each "
+                        "after a wait for a quiet host; a figure passes when the median of the runs meets its goal "
+                        "and at least two thirds of the runs (rounded up: 2 of 3) do")
     p.add_argument("--servers", default=",".join([*SERVERS, NOPREEMPT]),
                    help="comma-separated servers to run (of slo,fifo,stock,nopreempt; all by default). The yardstick "
                         "and the capacity come from the ones run; a figure whose servers did not run has no value")
@@ -447,6 +523,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     c.apply_profile(args, DEFAULTS, QUICK)
+    if args.repeat < 1:
+        raise SystemExit(f"omni-ext bench stream: --repeat must be at least 1, got {args.repeat}")
     args.classes = {"short": parse_class(args.short), "long": parse_class(args.long)}
     if args.dry_run:
         return c.print_plan(dry_run(args))

@@ -1,0 +1,329 @@
+"""``omni-ext bench cfg-parallel --single-jobs``: what one short job costs under omni-ext (issue 38, item 1).
+
+A grid of single requests, each sent alone on an idle server pair: the tiny Wan2.1 (``wan2.1-t2v``)
+at ``--single-frames`` (9, 17) x ``--single-steps`` (1, 2, 4, 8) and the tiny Qwen-Image
+(``qwen-image``) at ``--single-steps``, all at ``--single-size`` (64x64) with CFG. Each model gets ONE
+pair of servers, started as ``cfg-parallel --model M`` starts them (:func:`runner.sp_server_specs`
+with ``--sp 1``: ``--cfg-parallel-size 2``, 2 worker processes of one thread each, vLLM-Omni's pipeline
+profiler on both): ``stock_sp`` is vLLM-Omni as it ships (its executor and routes, ``common.STOCK_ENV``),
+``tuned_sp`` omni-ext's TunedExecutor on the same layout. The pairs run one after the other, never at
+once, each after its own quiet-host wait.
+
+Per row: one warm-up request per server (the shape's first-call costs; kept in the JSON, not counted),
+then ``--reps`` alternations, stock first on even ones, every request preceded by the ``--settle``
+gap. Figures per row (:func:`row_summary`): ``tuned_vs_stock`` = stock's median latency / tuned's (goal
+>= 1.00) and ``overhead_ms`` = tuned's median - stock's in ms (goal <= 10 ms; a negative value, tuned
+faster, meets it). The overall verdict (:func:`overall_verdict`) is PASS only when every row of the
+grid was measured and met both goals. All rows are measured side by side within one run; none is
+compared with a figure from another run.
+
+The arithmetic (grid, row figures, verdict, table) is pure and unit-tested in
+``tests/test_bench_single.py``; :func:`run` is the only part that starts servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from omni_ext.bench import common as c
+
+VIDEO_MODEL, IMAGE_MODEL = "wan2.1-t2v", "qwen-image"
+MODELS = (VIDEO_MODEL, IMAGE_MODEL)
+DEFAULT_SIZE = "64x64"
+DEFAULT_FRAMES = (9, 17)
+DEFAULT_STEPS = (1, 2, 4, 8)
+#: The issue's rule: a row's figures are medians of at least this many alternations.
+MIN_REPS = 5
+#: Goals of every row (issue 38 item 1): tuned at least as fast as stock; and at most 10 ms per job
+#: over stock where it is slower.
+GOALS = {"tuned_vs_stock": (">=", 1.0), "overhead_ms": ("<=", 10.0)}
+STOCK, TUNED = "stock_sp", "tuned_sp"
+
+
+# ---- pure: options and the grid ----------------------------------------------------------------------
+def int_list(text: str) -> tuple[int, ...]:
+    """``"1,2,4,8"`` -> (1, 2, 4, 8): positive integers, comma-separated (an argparse ``type``)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def model_list(text: str) -> tuple[str, ...]:
+    """``"wan2.1-t2v,qwen-image"``: a subset of :data:`MODELS` (an argparse ``type``)."""
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    bad = [v for v in values if v not in MODELS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(MODELS)}, got {text!r}")
+    return values
+
+
+def single_grid(frames: tuple[int, ...] = DEFAULT_FRAMES, steps: tuple[int, ...] = DEFAULT_STEPS,
+                size: str = DEFAULT_SIZE, models: tuple[str, ...] = MODELS) -> list[dict[str, Any]]:
+    """The rows, in the order they run: per model in the order of ``models``, the video rows frames x
+    steps, the image rows steps (``frames`` None). Wan's frame counts must be 4k + 1 (its VAE's temporal grid)."""
+    c.size_hw(size)  # a WxH
+    unknown = [m for m in models if m not in MODELS]
+    if unknown or not models:
+        raise ValueError(f"models must be a subset of {', '.join(MODELS)}, got {list(models)}")
+    bad = [f for f in frames if f < 1 or (f - 1) % 4]
+    if VIDEO_MODEL in models and (bad or not frames):
+        raise ValueError(f"Wan frame counts must be 4k + 1 (1, 5, 9, 17, ...), got {list(frames)}")
+    if not steps or any(s < 1 for s in steps):
+        raise ValueError(f"steps must be positive, got {list(steps)}")
+    rows = []
+    for model in dict.fromkeys(models):
+        if model == VIDEO_MODEL:
+            cells = [(f, s) for f in frames for s in steps]
+        else:
+            cells = [(None, s) for s in steps]
+        for f, s in cells:
+            shape = f"{size} {f} frames" if f is not None else f"{size} image"
+            rows.append({"name": f"{model} {shape} x{s} steps", "model": model, "kind": "video" if f else "image",
+                         "size": size, "frames": f, "steps": s})
+    return rows
+
+
+def row_args(args, row: dict[str, Any]) -> argparse.Namespace:
+    """The benchmark's options with the row's model, size, frames and steps (for the request builders)."""
+    return argparse.Namespace(**{**vars(args), "model": row["model"], "size": row["size"],
+                                 "frames": row["frames"] or 1, "steps": row["steps"]})
+
+
+def row_fields(args, row: dict[str, Any], **over: Any) -> dict[str, Any]:
+    """The request of a row: a CFG video for Wan (:func:`common.video_fields`), a CFG image for Qwen-Image
+    (``omni-ext bench batching``'s request 0: a negative prompt and ``true_cfg_scale``)."""
+    ns = row_args(args, row)
+    if row["kind"] == "video":
+        return c.video_fields(ns, **over)
+    from omni_ext.bench.batching import request_fields
+
+    return {**request_fields(ns, 0), **over}
+
+
+# ---- pure: figures ----------------------------------------------------------------------------------------
+def row_summary(stock_s: list[float], tuned_s: list[float], measurement: bool,
+                stock_diffuse_s: list[float | None] | None = None, tuned_diffuse_s: list[float | None] | None = None,
+                expected_reps: int | None = None) -> dict[str, Any]:
+    """A row's medians, figures and pass from its latencies (seconds, in alternation order).
+
+    ``tuned_vs_stock``: stock's median / tuned's (goal >= 1.00). ``overhead_ms``: tuned's median -
+    stock's, in ms (goal <= 10; negative when tuned is faster). ``paired_overhead_ms``: the median of
+    each alternation's tuned - stock (the two requests sent back to back), reported beside it.
+    ``pass``: both goals met; None while either figure has no value, or when the row has fewer than
+    ``expected_reps`` alternations (a request failed part-way: its figures are kept, not judged)."""
+    med_stock = c.median(stock_s) if stock_s else None
+    med_tuned = c.median(tuned_s) if tuned_s else None
+    over = None if med_stock is None or med_tuned is None else 1000.0 * (med_tuned - med_stock)
+    figures = {
+        "tuned_vs_stock": c.figure(c.ratio(med_stock, med_tuned), *GOALS["tuned_vs_stock"], measurement,
+                                   note="stock median latency / tuned median latency"),
+        "overhead_ms": c.figure(over, *GOALS["overhead_ms"], measurement,
+                                note="tuned median latency - stock median latency, ms (negative: tuned faster)"),
+    }
+    verdicts = [f["pass"] for f in figures.values()]
+    pairs = list(zip(stock_s, tuned_s))
+    complete = expected_reps is None or len(pairs) >= expected_reps
+
+    def med_or_none(xs: list[float] | None) -> float | None:
+        xs = [x for x in (xs or []) if x is not None]
+        return c.median(xs) if xs else None
+
+    return {
+        "reps": min(len(stock_s), len(tuned_s)),
+        "median_latency_s": {"stock": med_stock, "tuned": med_tuned},
+        "median_diffuse_s": {"stock": med_or_none(stock_diffuse_s), "tuned": med_or_none(tuned_diffuse_s)},
+        "figures": figures,
+        "pass": None if None in verdicts or not complete else all(verdicts),
+        "complete": complete,
+        "per_rep_tuned_vs_stock": [c.ratio(s, t) for s, t in pairs],
+        "paired_overhead_ms": c.median([1000.0 * (t - s) for s, t in pairs]) if pairs else None,
+    }
+
+
+def overall_verdict(rows: list[dict[str, Any]], measurement: bool, reps: int) -> dict[str, Any]:
+    """PASS when every row was measured and met both goals; FAIL when any row missed one; INCOMPLETE when
+    none missed but some row has no figures (a server or request failed). ``flags`` say what weakens it:
+    a busy host at a pair's start (not a measurement) or fewer than :data:`MIN_REPS` alternations."""
+    failed = [r["name"] for r in rows if r.get("pass") is False]
+    missing = [r["name"] for r in rows if r.get("pass") is None]
+    ratios = [r["figures"]["tuned_vs_stock"]["value"] for r in rows if r.get("figures")]
+    overheads = [r["figures"]["overhead_ms"]["value"] for r in rows if r.get("figures")]
+    ratios = [v for v in ratios if v is not None]
+    overheads = [v for v in overheads if v is not None]
+    if failed:
+        word, ok = "FAIL", False
+    elif missing or not rows:
+        word, ok = "INCOMPLETE", None
+    else:
+        word, ok = "PASS", True
+    flags = []
+    if not measurement:
+        flags.append("not a measurement (busy host at a pair's start)")
+    if reps < MIN_REPS:
+        flags.append(f"{reps} alternations per row, fewer than the {MIN_REPS} the goal asks for")
+    return {"verdict": word, "pass": ok, "measurement": measurement, "rows": len(rows),
+            "rows_met": sum(1 for r in rows if r.get("pass") is True), "failed": failed, "missing": missing,
+            "worst_tuned_vs_stock": min(ratios) if ratios else None,
+            "max_overhead_ms": max(overheads) if overheads else None, "flags": flags}
+
+
+def verdict_line(overall: dict[str, Any]) -> str:
+    head = (f"overall: {overall['verdict']} ({overall['rows_met']}/{overall['rows']} rows met tuned_vs_stock >= 1.00 "
+            f"and overhead <= 10 ms; worst tuned_vs_stock {c.fmt(overall['worst_tuned_vs_stock'])}, "
+            f"max overhead {c.fmt(overall['max_overhead_ms'], 1)} ms)")
+    parts = [head]
+    if overall["failed"]:
+        parts.append("missed: " + "; ".join(overall["failed"]))
+    if overall["missing"]:
+        parts.append("no figures: " + "; ".join(overall["missing"]))
+    parts += [f"FLAG: {f}" for f in overall["flags"]]
+    return "\n".join(parts)
+
+
+def single_table(result: dict[str, Any]) -> str:
+    """One line per row (median ms stock / tuned, tuned_vs_stock, overhead ms, the paired overhead, reps,
+    verdict with the goals a failed row missed: ``ratio``, ``overhead``), then the overall verdict and any
+    pair's error or busy-host warning."""
+    rows = []
+    for r in result["rows"]:
+        med = r.get("median_latency_s") or {}
+        figs = r.get("figures") or {}
+        ms = {k: None if med.get(k) is None else 1000.0 * med[k] for k in ("stock", "tuned")}
+        word = "n/a" if r.get("pass") is None else c.verdict({"pass": r["pass"],
+                                                               "measurement": (figs.get("tuned_vs_stock") or {}).get("measurement", True)})
+        missed = [short for key, short in (("tuned_vs_stock", "ratio"), ("overhead_ms", "overhead"))
+                  if (figs.get(key) or {}).get("pass") is False]
+        if r.get("pass") is False:
+            word = word.replace("FAIL", "FAIL " + "+".join(missed), 1)
+        rows.append([r["name"], c.fmt(ms["stock"], 1), c.fmt(ms["tuned"], 1),
+                     (figs.get("tuned_vs_stock") or {}).get("value"),
+                     c.fmt((figs.get("overhead_ms") or {}).get("value"), 1), c.fmt(r.get("paired_overhead_ms"), 1),
+                     r.get("reps", 0), word])
+    lines = [c.format_table(["row", "stock ms", "tuned ms", "tuned_vs_stock", "overhead ms", "paired ms", "reps",
+                             "verdict"], rows),
+             verdict_line(result["overall"])]
+    for r in result["rows"]:
+        if r.get("error"):
+            lines.append(f"{r['name']} failed: {r['error'][:300]}")
+    for model, pair in (result.get("pairs") or {}).items():
+        if pair.get("error"):
+            lines.append(f"{model} pair failed: {pair['error'][:300]}")
+        host = pair.get("host") or {}
+        if host.get("warning"):
+            lines.append(f"{model}: NOT A MEASUREMENT: {host['warning']}")
+    return "\n".join(lines)
+
+
+def check_options(args) -> None:
+    """``--single-jobs`` runs its own grid on CFG 2 alone: ``--model`` and ``--sp`` > 1 do not combine."""
+    if getattr(args, "model", None) or getattr(args, "sp", 1) > 1:
+        raise SystemExit("omni-ext bench cfg-parallel --single-jobs: use --single-models (and no --sp); it runs CFG 2 alone")
+
+
+# ---- the measurement -----------------------------------------------------------------------------------
+def _send(row: dict[str, Any]):
+    from omni_ext.bench.client import sync_image_request, sync_request
+
+    return sync_request if row["kind"] == "video" else sync_image_request
+
+
+def _measure_pair(args, model: str, rows: list[dict[str, Any]], root: Path, progress: c.Progress,
+                  pair: dict[str, Any]) -> None:
+    """Start ``model``'s stock/tuned pair, run its rows (records into each row's ``runs``), stop it."""
+    from omni_ext.bench.common import STOCK_ENV
+    from omni_ext.bench.runner import sp_layout, sp_server_specs
+
+    ns = argparse.Namespace(**{**vars(args), "model": model, "workdir": str(root / model)})
+    tiny, workdir, base_args, env = c.setup(ns)
+    _, layout_env = sp_layout(1)
+    servers = c.Servers(tiny, workdir, base_args, {**env, **layout_env})
+    pair["model_path"] = str(tiny)
+    try:
+        servers.start(sp_server_specs(1), args.start_timeout, envs={STOCK: STOCK_ENV})
+        pair["servers"] = servers.commands
+        for row in rows:
+            try:
+                _measure_row(args, servers, row, progress)
+            except Exception as exc:  # e.g. a step count the model refuses (Qwen-Image takes 2 or more): the next rows run
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+                c.log(f"{row['name']} failed: {row['error'][:300]}")
+    finally:
+        pair.setdefault("servers", servers.commands)
+        servers.stop()
+
+
+def _measure_row(args, servers: c.Servers, row: dict[str, Any], progress: c.Progress) -> None:
+    from omni_ext.bench.runner import diffuse_s
+
+    send = _send(row)
+    fields = row_fields(args, row)
+    for name in (STOCK, TUNED):  # warm-up: the shape's first-call costs, not counted
+        time.sleep(args.settle)
+        row["warmup"][name] = send(servers.url(name), row_fields(args, row, seed=1))
+        progress.advance(note=f"{row['name']}: warm-up {name}")
+    for i in range(args.reps):
+        for name in ((STOCK, TUNED) if i % 2 == 0 else (TUNED, STOCK)):
+            time.sleep(args.settle)  # the other server's workers poll busily for a while after a request
+            r = send(servers.url(name), fields)
+            row["runs"][name].append(r)
+            d = diffuse_s(r.get("stages") or {})
+            progress.advance(note=f"{row['name']} rep {i}: {name} {1000 * r['latency_s']:.0f} ms"
+                                  + (f" (diffuse {1000 * d:.0f} ms)" if d else ""))
+
+
+def run(args) -> dict[str, Any]:
+    from omni_ext.bench.runner import diffuse_s
+
+    check_options(args)
+    grid = single_grid(args.single_frames, args.single_steps, args.single_size, args.single_models)
+    rows = [{**r, "warmup": {}, "runs": {STOCK: [], TUNED: []}} for r in grid]
+    root = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="omni-ext-bench-single-"))
+    root.mkdir(parents=True, exist_ok=True)
+    progress = c.Progress("cfg-parallel --single-jobs", len(rows) * (2 * args.reps + 2), min_interval_s=0.0)
+    pairs: dict[str, dict[str, Any]] = {}
+    for model in dict.fromkeys(args.single_models):
+        pair: dict[str, Any] = {"error": None}
+        pairs[model] = pair
+        pair["host"] = host = c.quiet_host(args)  # before each pair: the one before it has stopped
+        try:
+            _measure_pair(args, model, [r for r in rows if r["model"] == model], root, progress, pair)
+        except Exception as exc:  # recorded: the other pair's rows still stand
+            pair["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
+            c.log(f"{model} pair failed: {pair['error'][:300]}")
+        c.finish_host(host)
+    progress.close()
+    measurement = all(p["host"]["measurement"] for p in pairs.values())
+    for r in rows:
+        runs = r["runs"]
+        r.update(row_summary([x["latency_s"] for x in runs[STOCK]], [x["latency_s"] for x in runs[TUNED]],
+                             pairs[r["model"]]["host"]["measurement"],
+                             [diffuse_s(x.get("stages") or {}) for x in runs[STOCK]],
+                             [diffuse_s(x.get("stages") or {}) for x in runs[TUNED]], expected_reps=args.reps))
+    return {
+        "benchmark": "cfg-parallel --single-jobs",
+        "models": {m: f"tiny {m} '{args.model_size}' (random weights, float32)" for m in pairs},
+        "layout": {"cfg": 2, "ulysses": 1, "processes_per_server": 2, "threads_per_process": 1},
+        "stock": "vLLM-Omni's executor and routes (OMNI_EXT_DISABLE_PATCHES=" + c.STOCK_ENV["OMNI_EXT_DISABLE_PATCHES"] + ")",
+        "tuned": "omni-ext's TunedExecutor, the same layout",
+        "reps": args.reps,
+        "settle_s": args.settle,
+        "goals": {k: f"{op} {v:g}" for k, (op, v) in GOALS.items()},
+        "measurement": measurement,
+        "workdir": str(root),
+        "pairs": pairs,
+        "rows": rows,
+        "overall": overall_verdict(rows, measurement, args.reps),
+    }
+
+
+def main(args) -> int:
+    result = run(args)
+    return c.write_result(args.json, result, single_table(result))
