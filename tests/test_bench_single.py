@@ -154,12 +154,12 @@ def test_table_has_one_line_per_row_and_the_verdict() -> None:
 
 
 def test_main_dispatches_single_jobs_to_its_module(monkeypatch) -> None:
-    from omni_ext.bench import runner
+    from omni_ext.bench import cli
 
     seen = []
     monkeypatch.setattr(s, "main", lambda args: seen.append(args) or 0)
     args = parse("--single-jobs")
-    assert runner.main_cfg_parallel(args) == 0 and seen == [args]
+    assert cli._cfg(args) == 0 and seen == [args]
     assert isinstance(s.row_args(args, s.single_grid()[0]), argparse.Namespace)
 
 

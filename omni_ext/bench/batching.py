@@ -507,19 +507,18 @@ def dry_run(args) -> dict[str, Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from omni_ext.bench.cli import _positive_int  # the CLI's own check (this module is loaded by it)
 
     p.add_argument("--json", default=None, help="write the figures, goals, pass/fail and every request here (required unless --dry-run)")
     p.add_argument("--quick", action="store_true", help="a small, fast version (smoke test; figures are not meaningful)")
     p.add_argument("--dry-run", action="store_true", help="print the servers, commands and requests; start nothing")
     p.add_argument("--model-size", choices=["tiny", "small", "med"], default=None, help="tiny Qwen-Image preset (med)")
     p.add_argument("--size", default=None, help="WxH of every image (64x64)")
-    p.add_argument("--steps", type=_positive_int, default=None, help="inference steps per image (8)")
-    p.add_argument("--requests", type=_positive_int, default=None, help="concurrent requests per burst (16)")
-    p.add_argument("--max-num-seqs", type=_positive_int, default=None, help="the batched servers' --max-num-seqs (4)")
+    p.add_argument("--steps", type=c.positive_int, default=None, help="inference steps per image (8)")
+    p.add_argument("--requests", type=c.positive_int, default=None, help="concurrent requests per burst (16)")
+    p.add_argument("--max-num-seqs", type=c.positive_int, default=None, help="the batched servers' --max-num-seqs (4)")
     p.add_argument("--batch-wait-ms", type=float, default=None, help="the batched servers' --request-batch-max-wait-ms (200)")
-    p.add_argument("--rounds", type=_positive_int, default=None, help="bursts per server (median throughput; 3)")
-    p.add_argument("--ceiling-reps", type=_positive_int, default=None, help="timed passes of each bare-ceiling mode (3)")
+    p.add_argument("--rounds", type=c.positive_int, default=None, help="bursts per server (median throughput; 3)")
+    p.add_argument("--ceiling-reps", type=c.positive_int, default=None, help="timed passes of each bare-ceiling mode (3)")
     p.add_argument("--skip-ceiling", action="store_true", help="skip the bare host ceiling")
     c.add_host_options(p)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from omni_ext.bench.common import add_quiet_options
+from omni_ext.bench.common import add_quiet_options, positive_int
 
 
 def _common(p: argparse.ArgumentParser, steps: int, size: str, frames: int, reps: int) -> None:
@@ -42,14 +42,11 @@ def _tiny_models() -> tuple[str, ...]:
     return MODELS
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def _cfg(args) -> int:
+    if args.single_jobs:  # its own module (it uses runner's server specs; runner does not import it)
+        from omni_ext.bench.single import main
+
+        return main(args)
     from omni_ext.bench.runner import main_cfg_parallel
 
     return main_cfg_parallel(args)
@@ -104,7 +101,7 @@ def add_subcommands(sub) -> None:
                    help="side-by-side rows for this tiny model (an image-to-video or edit one gets a reference "
                         "image with each request; an edit model is sent image edits of --size): vLLM-Omni's executor vs the TunedExecutor on CFG 2 (x Ulysses --sp), and "
                         "the bare loop of the same layout (the --sp figures)")
-    c.add_argument("--sp", type=_positive_int, default=1, metavar="N",
+    c.add_argument("--sp", type=positive_int, default=1, metavar="N",
                    help="N > 1: CFG 2 x Ulysses N (2N processes), vLLM-Omni's executor vs the TunedExecutor, "
                         "and the bare 2N-process loop as ceiling")
     c.add_argument("--settle", type=float, default=2.0, metavar="S",
@@ -130,7 +127,7 @@ def add_subcommands(sub) -> None:
                    help=f"--single-jobs: the size of every row (default {DEFAULT_SIZE})")
     c.add_argument("--single-models", type=model_list, default=MODELS, metavar="M,M",
                    help=f"--single-jobs: which server pairs to run, in this order (default {','.join(MODELS)})")
-    c.add_argument("--ceiling-reps", type=_positive_int, default=3, help="--sp: timed loops per ceiling layout (median)")
+    c.add_argument("--ceiling-reps", type=positive_int, default=3, help="--sp: timed loops per ceiling layout (median)")
     c.set_defaults(func=_cfg)
     d = bsub.add_parser("data-parallel", help="8 concurrent requests: 2 groups vs 1; CFG-free on a cfg-2 group")
     _common(d, steps=25, size="80x80", frames=17, reps=3)

@@ -9,6 +9,7 @@ table, progress line, load check, option profiles) are pure and unit-tested in `
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -82,6 +83,14 @@ def stock_deploy(deploy: dict[str, Any]) -> dict[str, Any]:
         stage.pop("distributed_executor_backend", None)
     return out
 NEGATIVE = "blurry, low quality"
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
 
 
 def log(msg: str) -> None:

@@ -342,10 +342,6 @@ def run_data_parallel(args) -> dict[str, Any]:
 
 
 def main_cfg_parallel(args) -> int:
-    if getattr(args, "single_jobs", False):
-        from omni_ext.bench import single
-
-        return single.main(args)
     if args.sp > 1 or getattr(args, "model", None):
         result = run_cfg_parallel_sp(args)
         return write_result(args.json, result, sp_table(result))
