@@ -6,8 +6,10 @@ a directory listing and a ``stat`` per executor) and from it:
 
 - refuses new generations with 503 ``respawning`` and a Retry-After while every executor replaces its
   workers (:func:`refusal`, asked by admission first), so that no request is admitted only to fail;
-- answers ``/health`` 503 with ``{"status": "respawning", ...}`` then, and the stock answer otherwise
-  (:func:`health_route`, put in place of vLLM-Omni's by the ``openai-routes`` patch);
+- answers ``/health`` 503 with ``{"status": "respawning", ...}`` then; 200 with ``{"status": "degraded",
+  ...}`` while some worker groups are replaced and the others serve (a load balancer keeps sending
+  work, which those groups take); the stock answer otherwise (:func:`health_route`, put in place of
+  vLLM-Omni's by the ``openai-routes`` patch);
 - exits non-zero once an executor has given up (its respawn budget is spent,
   :mod:`omni_ext.scheduler.respawn`), so that a supervisor restarts the server (:func:`watch`: a thread
   that looks once a second; it stops the server as SIGTERM does, and the process then exits with
@@ -67,8 +69,8 @@ def refusal(state: Healing | None = None) -> Any:
 
 
 def health_route(stock: Any) -> Any:
-    """``GET /health``: 503 ``respawning`` (with the reason and a Retry-After) while the workers are
-    being replaced, else vLLM-Omni's own answer (``stock``, its endpoint)."""
+    """``GET /health``: 503 ``respawning`` (with the reason and a Retry-After) while no worker group can
+    serve, 200 ``degraded`` while some are replaced, else vLLM-Omni's own answer (``stock``, its endpoint)."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
 
@@ -84,6 +86,9 @@ def health_route(stock: Any) -> Any:
         if state.exhausted is not None:
             return JSONResponse({"status": "unhealthy", "reason": state.exhausted},
                                 status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+        if state.groups_respawning:
+            return JSONResponse({"status": "degraded", "reason": state.reason,
+                                 "groups_respawning": state.groups_respawning, "groups": state.groups})
         return await stock(raw_request)
 
     health.__annotations__ = {"raw_request": Request, "return": Any}  # FastAPI reads them: no string annotations

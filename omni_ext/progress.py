@@ -271,12 +271,16 @@ HEALING_DIR = ".healing"
 class Healing:
     """The healing records of this server's executors, as the API process reads them.
 
-    ``respawning``: every live executor is replacing its workers now (no job can start: admission
-    answers 503 and ``/health`` says so); ``reason``/``since``: the newest respawn's cause and wall
-    start time; ``counts``: events summed over the executors (``worker_deaths``, ``respawns``,
-    ``watchdog_stops``, ``watchdog_kills``)."""
+    ``respawning``: every live executor is replacing all its workers now (no job can start: admission
+    answers 503 and ``/health`` says so); ``groups_respawning``/``groups``: worker groups being
+    replaced now, of how many (some being replaced while others serve: ``/health`` says "degraded",
+    admission admits); ``reason``/``since``: the newest respawn's cause and wall start time;
+    ``counts``: events summed over the executors (``worker_deaths``, ``respawns``, ``watchdog_stops``,
+    ``watchdog_kills``)."""
 
     respawning: bool = False
+    groups_respawning: int = 0
+    groups: int = 0
     reason: str = ""
     since: float | None = None
     counts: dict[str, int] = field(default_factory=dict)
@@ -285,7 +289,7 @@ class Healing:
 
 
 def write_healing(record: dict[str, Any]) -> None:
-    """Executor side: this process's healing record (``state``: "serving" or "respawning",
+    """Executor side: this process's healing record (``state``: "serving", "degraded", "respawning" or "exhausted",
     ``reason``, ``since``, and counts), replaced atomically. Best-effort: never raises."""
     _write_record(HEALING_DIR, record)
 
@@ -339,10 +343,13 @@ def read_healing(root: Path | None = None) -> Healing:
             continue
         if pid_alive(int(entry.name[:-5])):
             states.append(data)
-    respawning = [s for s in states if s.get("state") == "respawning"]
-    newest = max(respawning, key=lambda s: s.get("since") or 0.0, default={})
-    return Healing(bool(states) and len(respawning) == len(states), str(newest.get("reason", "")),
-                   newest.get("since"), counts, float(newest.get("start_s") or 0.0), gave_up)
+    down = [s for s in states if s.get("state") in ("respawning", "degraded")]
+    newest = max(down, key=lambda s: s.get("since") or 0.0, default={})
+    respawning = bool(states) and all(s.get("state") == "respawning" for s in states)
+    groups = sum(int(s.get("groups") or 1) for s in states)
+    groups_down = sum(int(s.get("groups_respawning") or (s.get("state") == "respawning")) for s in down)
+    return Healing(respawning, groups_down, groups, str(newest.get("reason", "")), newest.get("since"), counts,
+                   float(newest.get("start_s") or 0.0), gave_up)
 
 
 # ---- the placement journal -------------------------------------------------------------------

@@ -180,3 +180,43 @@ def test_step_execution_refused_at_start_with_the_alternative(own) -> None:
     log = proc.log_text()
     assert "omni-ext TunedExecutor: drop --step-execution" in log, proc.log_tail()
     assert "serve with vLLM-Omni's own executor" in log
+
+
+def test_a_worker_group_sees_only_its_own_devices() -> None:
+    """Each CFG group of the TunedExecutor is a world of its own: its rank i must be the executor's rank
+    base+i, so the group sees only its devices (cut from what is visible now); on CPU nothing is set."""
+    from omni_ext.platform.devices import group_devices_env
+
+    npu = SimpleNamespace(device_type="npu", device_control_env_var="ASCEND_RT_VISIBLE_DEVICES")
+    cuda = SimpleNamespace(device_type="cuda", device_control_env_var="CUDA_VISIBLE_DEVICES")
+    cpu = SimpleNamespace(device_type="cpu", device_control_env_var="OMNI_EXT_CPU_VISIBLE_DEVICES")
+    assert group_devices_env(npu, (2, 3), {}) == {"ASCEND_RT_VISIBLE_DEVICES": "2,3"}
+    assert group_devices_env(npu, (2, 3), {"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"}) == {"ASCEND_RT_VISIBLE_DEVICES": "6,7"}
+    assert group_devices_env(cuda, (0,), {"CUDA_VISIBLE_DEVICES": "3, 1"}) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert group_devices_env(cpu, (2, 3), {"OMNI_EXT_CPU_VISIBLE_DEVICES": "0,1,2,3"}) == {}
+
+
+def test_cpu_workers_share_the_cores_of_the_whole_server_not_of_their_group() -> None:
+    from omni_ext.platform.threads import HOST_WORKERS_ENV, threads_per_worker, workers_on_host
+
+    assert workers_on_host({HOST_WORKERS_ENV: "4", "WORLD_SIZE": "2"}) == 4
+    assert workers_on_host({"WORLD_SIZE": "2"}) == 2 and workers_on_host({}) == 1
+    assert threads_per_worker(workers_on_host({HOST_WORKERS_ENV: "2", "WORLD_SIZE": "1"}), cores=2, environ={}) == 1
+
+
+def test_each_worker_group_of_an_ascend_server_gets_its_cards_and_their_cores() -> None:
+    """An 8-card 910B host, 4 groups of CFG 2: group 1 (ranks 2, 3) sees cards 2,3 as its npu0/npu1, and
+    the mode-only affinity is worked out for those cards (not npu0/npu1's cores again, which every group
+    would then share); the server's worker count goes with it."""
+    from omni_ext.executor.tuned import group_env
+    from omni_ext.platform.threads import HOST_WORKERS_ENV
+
+    npu = SimpleNamespace(device_type="npu", device_control_env_var="ASCEND_RT_VISIBLE_DEVICES")
+    args = dict(num_groups=4, group_size=2, total_cards=8, allowed_cores=range(192))
+    env = group_env({"HCCL_OP_EXPANSION_MODE": "AIV"}, npu, (2, 3), 8, args, environ={})
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "2,3" and env["CPU_AFFINITY_CONF"] == "1,npu0:48-71,npu1:72-95"
+    assert env[HOST_WORKERS_ENV] == "8" and env["HCCL_OP_EXPANSION_MODE"] == "AIV"
+    env = group_env({}, npu, (0, 1), 4, args, environ={"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"})
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "4,5" and env["CPU_AFFINITY_CONF"] == "1,npu0:96-119,npu1:120-143"
+    cpu = SimpleNamespace(device_type="cpu", device_control_env_var="OMNI_EXT_CPU_VISIBLE_DEVICES")
+    assert group_env({}, cpu, (1,), 2, None, environ={}) == {HOST_WORKERS_ENV: "2"}

@@ -49,27 +49,26 @@ def test_healing_options_come_from_additional_config_and_typos_fail() -> None:
             healing_config({"omni_ext": {"healing": bad}})
 
 
-def test_a_dead_group_fails_only_its_jobs_queued_ones_wait_and_start_on_the_new_workers() -> None:
+def test_a_dead_group_fails_only_its_jobs_the_other_group_serves_the_queue_meanwhile() -> None:
     rq = rank_queue(world=2, cfg_size=1, settle_s=0, preempt=False)  # two groups of one rank: [0], [1]
-    a, b, c = (rq.submit(f"r{i}", wan_request()) for i in range(3))
-    assert {a.ranks, b.ranks} == {(0,), (1,)} and c.ranks == ()
+    a, b, c, d = (rq.submit(f"r{i}", wan_request()) for i in range(4))
+    assert {a.ranks, b.ranks} == {(0,), (1,)} and c.ranks == () and d.ranks == ()
     dead = a if a.ranks == (0,) else b
     other = b if dead is a else a
-    rq.hold += 1  # the executor holds starts while it heals
     assert rq.group_of([0]) == (0,)
     assert rq.fail_on((0,), "omni-ext: diffusion worker DiffusionWorker-0 (rank 0, pid 1) died with SIGKILL") == [dead]
     err = dead.future.result(timeout=1).error
     assert "died with SIGKILL" in err and f"request {dead.request_id} was running on rank(s) [0]" in err
     assert not other.future.done() and not c.future.done() and rq.busy[0] == "respawning"
+    assert c.ranks == () and d.ranks == ()  # rank 1 is busy, rank 0 is being replaced
     from omni_ext.executor.protocol import JobDone
     from vllm_omni.diffusion.data import DiffusionOutput
 
     rq.on_done(1, JobDone(other.job_id, 1, DiffusionOutput(output=None), True, 0.1))
     assert other.future.done() and not other.future.result().error
-    assert c.ranks == () and rq.others_running() == []  # held: nothing started on the free rank 1
-    rq.hold -= 1
-    rq.respawned(rq.send, [0] * len(rq.cancel_slots))
-    assert c.ranks in ((0,), (1,))  # the queued job starts on the new workers
+    assert c.ranks == (1,) and d.ranks == ()  # the serving group takes the queue; nothing goes to rank 0
+    rq.respawned((0,))
+    assert d.ranks == (0,) and rq.busy[0] == d.job_id  # the new workers take the next one
 
 
 def test_a_death_seen_by_the_monitor_and_by_health_at_once_is_reported_once() -> None:
@@ -149,3 +148,56 @@ def test_health_says_respawning_with_a_retry_after_and_is_the_stock_answer_other
     assert got.status_code == 503 and got.json()["status"] == "respawning" and got.json()["reason"] == "worker died"
     assert healing.LATEST.respawning  # what /health said, admission now refuses with (no 200 after a 503 health)
     assert 1 <= int(got.headers["retry-after"]) <= 5
+
+
+def test_a_group_replaced_while_others_serve_is_degraded_not_refused(tmp_path: Path, monkeypatch) -> None:
+    """One executor with two groups, one being replaced: admission admits (the other group serves),
+    ``/health`` answers 200 ``degraded`` naming the groups; both replaced: 503 ``respawning``."""
+    from fastapi import APIRouter, FastAPI, Request
+    from fastapi.responses import Response
+    from fastapi.testclient import TestClient
+
+    async def stock(raw_request: Request) -> Response:
+        return Response(status_code=200)
+
+    router = APIRouter()
+    router.add_api_route("/health", healing.health_route(stock), methods=["GET"])
+    app = FastAPI()
+    app.include_router(router)
+    client = TestClient(app)
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    monkeypatch.setattr(healing, "LATEST", healing.LATEST)
+    progress.write_healing({"state": "degraded", "reason": "worker 0 died", "since": time.time(), "start_s": 4.0,
+                            "groups": 2, "groups_respawning": 1, "counts": {"respawns": 1}})
+    state = progress.read_healing()
+    assert not state.respawning and (state.groups_respawning, state.groups) == (1, 2) and healing.refusal() is None
+    got = client.get("/health")
+    assert got.status_code == 200 and got.json() == {"status": "degraded", "reason": "worker 0 died",
+                                                      "groups_respawning": 1, "groups": 2}
+    progress.write_healing({"state": "respawning", "reason": "both died", "since": time.time(), "start_s": 4.0,
+                            "groups": 2, "groups_respawning": 2, "counts": {"respawns": 2}})
+    assert client.get("/health").status_code == 503 and healing.refusal().code == "respawning"
+    progress.write_healing({"state": "serving", "groups": 2, "groups_respawning": 0, "counts": {}})
+    assert client.get("/health").status_code == 200 and client.get("/health").content == b""
+
+
+def test_the_executor_record_says_degraded_while_some_groups_are_replaced(tmp_path: Path, monkeypatch) -> None:
+    from omni_ext.executor.tuned import TunedExecutor
+
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    ex = object.__new__(TunedExecutor)
+    ex.dp, ex._respawning, ex._state, ex._start_s, ex._counts = 2, set(), {}, 3.0, {"respawns": 0}
+    ex._record()
+    assert progress.read_healing().groups_respawning == 0
+    ex._respawning.add(1)
+    ex._record("worker 1 died")
+    assert ex._state["state"] == "degraded" and progress.read_healing().reason == "worker 1 died"
+    ex._respawning.add(0)
+    ex._record("worker 0 died")
+    assert ex._state["state"] == "respawning" and progress.read_healing().respawning
+    ex._respawning.clear()
+    ex._record()
+    assert ex._state == {"state": "serving", "reason": "", "since": ex._state["since"]}
+    ex._record("budget spent", exhausted=True)
+    ex._record()  # a later count update keeps the verdict
+    assert ex._state["state"] == "exhausted" and progress.read_healing().exhausted == "budget spent"

@@ -10,7 +10,7 @@ process would account for its own requests only; omni-ext's scheduler assumes on
 ``omni_ext:queue_depth`` and ``omni_ext:slo_attainment`` are computed when ``/metrics`` is scraped (a collector reading the live
 request queues), so it is never stale between requests, and so are ``omni_ext:preemptions_total`` and
 ``omni_ext:paused_jobs`` and the healing figures (``omni_ext:worker_deaths_total``, ``omni_ext:worker_respawns_total``, ``omni_ext:watchdog_actions_total``,
-``omni_ext:respawning``), read from the executors' files; the rest are updated as things happen.
+``omni_ext:respawning``, ``omni_ext:worker_groups_respawning``), read from the executors' files; the rest are updated as things happen.
 """
 
 from __future__ import annotations
@@ -163,12 +163,16 @@ REGISTRY.register(_Preemptions())
 WORKER_DEATHS = PREFIX + "worker_deaths"
 WORKER_DEATHS_HELP = "TunedExecutor worker processes that died without being asked to (each fails the jobs on its CFG group)."
 RESPAWNS = PREFIX + "worker_respawns"
-RESPAWNS_HELP = "Times a TunedExecutor replaced its worker set and reloaded the model after a death or a watchdog kill."
+RESPAWNS_HELP = ("Times a TunedExecutor replaced the workers of a CFG group and reloaded the model there after a death "
+                 "or a watchdog kill.")
 WATCHDOG = PREFIX + "watchdog_actions"
 WATCHDOG_HELP = ("Jobs past their time limit, by action: stop (stopped at their next denoise step) or kill (not stopped "
                  "within omni_ext.healing.grace_s: their workers were killed and replaced).")
 RESPAWNING = PREFIX + "respawning"
-RESPAWNING_HELP = "1 while the server replaces its workers (admission answers 503 respawning), else 0."
+RESPAWNING_HELP = "1 while no worker group of the server can serve because all are replaced (admission answers 503 respawning), else 0."
+GROUPS_RESPAWNING = PREFIX + "worker_groups_respawning"
+GROUPS_RESPAWNING_HELP = ("TunedExecutor worker groups being replaced now; the other groups serve meanwhile (/health says "
+                          "degraded).")
 
 
 class _Healing:
@@ -181,6 +185,7 @@ class _Healing:
         yield CounterMetricFamily(RESPAWNS, RESPAWNS_HELP)
         yield CounterMetricFamily(WATCHDOG, WATCHDOG_HELP, labels=["action"])
         yield GaugeMetricFamily(RESPAWNING, RESPAWNING_HELP)
+        yield GaugeMetricFamily(GROUPS_RESPAWNING, GROUPS_RESPAWNING_HELP)
 
     def collect(self) -> Iterator[Metric]:
         from omni_ext.progress import Healing, read_healing
@@ -198,6 +203,7 @@ class _Healing:
             family.add_metric([action], counts.get(f"watchdog_{action}s", 0))
         yield family
         yield GaugeMetricFamily(RESPAWNING, RESPAWNING_HELP, value=int(state.respawning))
+        yield GaugeMetricFamily(GROUPS_RESPAWNING, GROUPS_RESPAWNING_HELP, value=state.groups_respawning)
 
 
 REGISTRY.register(_Healing())

@@ -16,8 +16,9 @@ What it does differently from vLLM-Omni's ``MultiprocDiffusionExecutor`` (detail
   serves two such requests at the same time.
 - Request scheduling (:mod:`omni_ext.scheduler`): client priority with aging, longest predicted job
   first, and CFG requests on a whole group while it is idle, on one rank each once others wait.
-- Failure handling: a dead worker fails the requests on its group at once with a clear error and the
-  worker set is replaced (``/health`` and admission answer 503 ``respawning`` meanwhile); a request
+- Failure handling: a dead worker fails the requests on its group at once with a clear error and that
+  group's workers are replaced while the other groups serve (each group is a torch.distributed world
+  of its own; ``/health`` says ``degraded``, or 503 ``respawning`` when no group can serve); a request
   past its time limit (which follows its expected cost instead of a fixed 600 s) is stopped at its
   next step, and killed only if it does not stop.
 - Ascend defaults for the workers (see :mod:`omni_ext.executor.ascend`).

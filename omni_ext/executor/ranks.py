@@ -546,17 +546,11 @@ class RankQueue:
             logger.warning("%s; stopping it at its next step on rank(s) %s", reason, list(job.ranks))
             self.dispatch()
 
-    def others_running(self) -> list[Job]:
-        """Jobs running (or paused) while the executor waits to replace its workers."""
+    def respawned(self, ranks: tuple[int, ...]) -> None:
+        """New workers answer on ``ranks`` (a group the executor replaced): they are free again, and what
+        is queued starts there too."""
         with self.lock:
-            return self.running()
-
-    def respawned(self, send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int]) -> None:
-        """A new worker set answers on ``send`` and stops jobs through ``cancel_slots``: every rank is
-        free again (nothing runs: the executor waited for that), and what is queued starts."""
-        with self.lock:
-            self.send, self.cancel_slots = send, cancel_slots
-            for r in self.busy:
+            for r in ranks:
                 self.busy[r] = None
             self.dispatch()
             self.lock.notify_all()

@@ -16,10 +16,10 @@ whether a request runs CFG and its cost units (:mod:`omni_ext.models.families`);
 Processes. ``W = data_parallel_size x cfg_parallel_size x tensor_parallel_size x
 sequence_parallel_size`` worker processes (:mod:`omni_ext.executor.worker`, started as
 :mod:`omni_ext.executor.start` says), process ``p`` on local device ``p``, in one torch.distributed
-world with vLLM-Omni's own process groups. Placement sees *units*: the TP x Ulysses x Ring processes
+world per CFG group (see "Failure and healing") with vLLM-Omni's own process groups. Placement sees *units*: the TP x Ulysses x Ring processes
 of one CFG half, which always run a job together (:class:`~omni_ext.scheduler.placement.Units`: unit
 ``u`` is processes ``[u*n, (u+1)*n)``, vLLM-Omni's TP and SP groups); group ``g`` is units
-``[g*cfg, g*cfg + cfg)``, whose processes form vLLM-Omni's CFG groups. A job placed on units is sent
+``[g*cfg, g*cfg + cfg)``, whose processes form its world and vLLM-Omni's CFG group in it. A job placed on units is sent
 to every process of them, and answered by the leader of the unit holding its output. vLLM-Omni's TP
 layers and SP attention run unchanged inside a unit, in either job mode: a SINGLE job (both guidance
 branches on one unit) never enters the CFG all-gather, only its unit's TP and SP collectives.
@@ -42,22 +42,24 @@ groups and jobs still queued are untouched. A job past its time limit is first s
 denoise step through the cancel board (it fails with the watchdog's reason, nothing is killed); only
 a job still running ``omni_ext.healing.grace_s`` later has its group's workers killed, as if one died.
 
-The executor then replaces its workers and reloads the model (:meth:`TunedExecutor._heal`), and does
-so for the WHOLE worker set: every worker process of every group is one torch.distributed world
-(vLLM-Omni's ``init_distributed_environment`` with ``world_size`` W; its CFG, TP, SP and DP groups are
-sub-groups of it), and neither gloo nor HCCL/NCCL can take a new process into a live world, so a
-dead rank's replacement needs a new world. Per-group worlds (each group started as its own world
-of cfg x tp x sp processes on a port of its own, as vLLM-Omni starts a one-group server) would let
-the other groups serve on through a respawn; that is the better design and a larger change (the
-start-up per group, each rank's device against its rank in its world, the ``dp-world`` patch), not
-made yet. What is done instead is the simplest correct thing: the other groups finish the jobs
-running or paused on them (their collectives never include the dead rank), nothing new starts, then
-every worker is stopped and a new set started; queued jobs wait and start on it. Meanwhile the executor's healing record
-(:func:`omni_ext.progress.write_healing`) says "respawning", so that the API process answers 503 with a
-Retry-After instead of admitting work, and ``/health`` says so (:mod:`omni_ext.healing`). After
-``max_respawns`` respawns within ``window_s`` (:mod:`omni_ext.scheduler.respawn`) the executor gives
-up: it fails like vLLM-Omni's executor (``check_health`` raises ``EngineDeadError``) and its record
-says "exhausted", on which the API process exits non-zero, so that a supervisor restarts the server.
+The executor then replaces the workers of that group only and reloads the model there
+(:meth:`TunedExecutor._heal`), while the other groups keep serving. That is possible because every
+CFG group is a torch.distributed world of its own (cfg x tp x sp processes on a master port of its
+own, exactly as vLLM-Omni starts a one-group server: ``data_parallel_size`` 1 inside it): neither
+gloo nor HCCL/NCCL can take a new process into a live world, but a group's world can be made anew
+while the others' stay. Nothing of a job ever crosses groups (the CFG all-gather, TP and SP are
+inside a group; data parallelism is this executor's placement, not a collective), so one world per
+group loses nothing, and a per-step collective of a pipeline reaches only its own group's ranks.
+Each process still uses the device of its rank in the whole executor: on a card, a group's workers
+see only their group's devices (the platform's visible-devices variable), as vLLM-Omni's one-group
+server would. While a group is replaced, queued jobs start on the other groups; the executor's
+healing record (:func:`omni_ext.progress.write_healing`) says "degraded", which ``/health`` reports
+with 200. Only when no group can serve (one group, or all being replaced) does it say
+"respawning", on which the API process answers 503 with a Retry-After instead of admitting work
+(:mod:`omni_ext.healing`). After ``max_respawns`` respawns within ``window_s``
+(:mod:`omni_ext.scheduler.respawn`) the executor gives up: it fails like vLLM-Omni's executor
+(``check_health`` raises ``EngineDeadError``) and its record says "exhausted", on which the API
+process exits non-zero, so that a supervisor restarts the server.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ from omni_ext.executor import ascend, protocol, start
 from omni_ext.executor.ranks import Job, RankQueue, resolve
 from omni_ext.executor.role import new_board
 from omni_ext.models import families
-from omni_ext.platform import devices
+from omni_ext.platform import devices, threads
 from omni_ext.scheduler import layout, placement
 from omni_ext.scheduler.config import CfgMode, healing_config, omni_ext_section, scheduler_config
 from omni_ext.scheduler.respawn import RespawnBudget, Watchdog, watchdog_action
@@ -122,6 +124,24 @@ def executor_path(od_config: Any) -> tuple[str, str]:
     return decisions.executor_path(registry.facts_of(arch) if arch else None, families.family_of(arch),
                                    dp=data_parallel_size(od_config),
                                    max_num_seqs=int(getattr(od_config, "max_num_seqs", 1) or 1))
+
+
+def group_env(worker_env: dict[str, str], platform: Any, ranks: tuple[int, ...], world: int,
+              ascend_args: dict[str, Any] | None, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What the workers of the group of ``ranks`` get in their environment on top of the executor's: only
+    the group's devices visible (:func:`omni_ext.platform.devices.group_devices_env`), the server's
+    worker count (CPU threads, :mod:`omni_ext.platform.threads`), and on Ascend the variables of
+    :func:`omni_ext.executor.ascend.ascend_worker_env` worked out for those devices (``ascend_args``),
+    so that a mode-only ``CPU_AFFINITY_CONF`` gives each card of the group its own cores, not the
+    first cards' cores again."""
+    env = os.environ if environ is None else environ
+    visible = devices.group_devices_env(platform, ranks, env)
+    out = dict(worker_env)
+    if ascend_args is not None:
+        out.update(ascend.ascend_worker_env({**env, **visible}, **ascend_args))
+    out.update(visible)
+    out[threads.HOST_WORKERS_ENV] = str(world)
+    return out
 
 
 class TunedExecutor(DiffusionExecutor):
@@ -201,9 +221,11 @@ class TunedExecutor(DiffusionExecutor):
 
         device_type = self.device_type = getattr(current_omni_platform, "device_type", "cpu")
         worker_env: dict[str, str] = {}
+        self._ascend_args: dict[str, int] | None = None
         if device_type == "npu":
-            worker_env = ascend.ascend_worker_env(num_groups=dp, group_size=self.cfg_size, unit_size=self.units.size,
-                                                  unit_domains=(self.tp > 1) + (self.units.size > self.tp))
+            self._ascend_args = dict(num_groups=dp, group_size=self.cfg_size, unit_size=self.units.size,
+                                     unit_domains=(self.tp > 1) + (self.units.size > self.tp))
+            worker_env = ascend.ascend_worker_env(**self._ascend_args)
         expected = ascend.collective_backend(device_type)
         backend = getattr(current_omni_platform, "dist_backend", expected)
         if device_type in ("npu", "cuda", "cpu") and backend != expected:
@@ -219,14 +241,14 @@ class TunedExecutor(DiffusionExecutor):
         self._failure: str | None = None
         self._callbacks: list = []
         self._rpc_replies: dict[str, dict[int, tuple[bool, Any]]] = {}
-        self._gen = 0  # the worker set's generation: a thread of an older one ends quietly
-        self._expected: set[int] = set()  # ranks of this generation stopped on purpose, or whose death is reported
-        self._healing = False
+        self._gens = [0] * dp  # each group's worker generation: a monitor of an older one ends quietly
+        self._expected: set[int] = set()  # ranks stopped on purpose, or whose death is reported
+        self._respawning: set[int] = set()  # the groups whose workers are being replaced now
         self._budget = RespawnBudget(self.healing)
         self._counts = {"worker_deaths": 0, "respawns": 0, "watchdog_stops": 0, "watchdog_kills": 0}
         self._start_s = 0.0  # how long the last worker set took to start (the API's Retry-After while respawning)
         self._state: dict[str, Any] = {}
-        self._record("serving")
+        self._record()
         self._launch_workers()
         self.ranks = RankQueue(
             self.layout, self.sched, model_arch=self.model_arch, tuned_model=self._tuned_model, cfg_mode=self.cfg_mode,
@@ -277,69 +299,108 @@ class TunedExecutor(DiffusionExecutor):
 
         return build_request_batch_sampling_params_key
 
-    def _start_threads(self) -> None:
-        """A reader per rank and the monitor, for the worker set of this generation."""
-        gen = self._gen
-        self._threads = [
-            threading.Thread(target=self._reader, args=(r, self._conns[r]), daemon=True, name=f"omni-ext-reader-{r}")
-            for r in range(self.world)
-        ]
-        self._threads.append(threading.Thread(target=self._monitor, args=(gen, list(self._procs)), daemon=True,
-                                              name=f"omni-ext-monitor-{gen}"))
-        for t in self._threads:
-            t.start()
+    def _start_threads(self, groups: list[int] | None = None) -> None:
+        """A reader per rank and a monitor per group, for the current workers of ``groups`` (default: all)."""
+        for g in range(self.dp) if groups is None else groups:
+            ranks = self._group_ranks(g)
+            for r in ranks:
+                self._readers[r] = threading.Thread(target=self._reader, args=(r, self._conns[r]), daemon=True,
+                                                    name=f"omni-ext-reader-{r}")
+                self._readers[r].start()
+            threading.Thread(target=self._monitor, args=(g, self._gens[g], {r: self._procs[r] for r in ranks}),
+                             daemon=True, name=f"omni-ext-monitor-{g}.{self._gens[g]}").start()
+
+    def _group_ranks(self, g: int) -> tuple[int, ...]:
+        """The worker processes of group ``g``: one torch.distributed world (module docstring)."""
+        return self.units.expand(self.layout.groups[g])
 
     def _launch_workers(self) -> None:
+        """Start every group's workers (start-up); a group's alone is started again by :meth:`_respawn`."""
         from vllm.v1.executor.multiproc_executor import set_multiprocessing_worker_envs
-
-        from omni_ext.executor.worker import worker_main
 
         t0 = time.monotonic()
         set_multiprocessing_worker_envs()
         with _environ(self.worker_env):
-            ctx = start.worker_context(self.start_method)
+            self._ctx = start.worker_context(self.start_method)
         # One slot per rank: the sequence number of the job that rank must stop (shared memory, so
         # a cancel reaches a rank in the middle of its forward without any message), and the cells
         # in which the processes of a job agree on its stop step (omni_ext.executor.role.stop_now).
-        self._cancel_slots = new_board(ctx, self.world)
-        self._procs: list = []
-        self._conns: list = []
+        # Cells hold job sequence numbers and pause tokens, which never repeat: a respawned group
+        # uses its ranks' cells as they are.
+        self._cancel_slots = new_board(self._ctx, self.world)
+        self._procs: list = [None] * self.world
+        self._conns: list = [None] * self.world
+        self._readers: list = [None] * self.world
         self._send_locks = [threading.Lock() for _ in range(self.world)]
-        children = []
-        with _environ(self.worker_env):
-            for rank in range(self.world):
-                parent, child = ctx.Pipe(duplex=True)
-                proc = ctx.Process(
-                    target=worker_main,
-                    args=(rank, self.od_config, child, self._cancel_slots, start.worker_environ()),
-                    name=f"DiffusionWorker-{rank}",
-                    daemon=True,
-                )
-                proc.start()
-                self._procs.append(proc)
-                self._conns.append(parent)
-                children.append(child)
-        for child in children:
-            child.close()
-        self._pids = {}
+        self._pids: dict[int, int] = {}
         try:
-            for rank, conn in enumerate(self._conns):
-                deadline = time.monotonic() + _READY_TIMEOUT_S
-                while not conn.poll(1.0):
-                    if not self._procs[rank].is_alive():
-                        raise RuntimeError(
-                            f"omni-ext: diffusion worker {rank} exited during start-up (exitcode {self._procs[rank].exitcode})"
-                        )
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"omni-ext: diffusion worker {rank} not ready after {_READY_TIMEOUT_S:.0f} s")
-                msg = protocol.recv(conn)
-                if not isinstance(msg, protocol.Ready):
-                    raise RuntimeError(f"omni-ext: diffusion worker {rank} failed to start: {getattr(msg, 'error', msg)}")
-                self._pids[rank] = msg.pid
+            for g in range(self.dp):
+                self._start_group(g, first=True)
+            for g in range(self.dp):
+                self._wait_ready(g)
         except BaseException:
             self._kill_workers()
             raise
         self._start_s = time.monotonic() - t0
+
+    def _start_group(self, g: int, first: bool = False) -> None:
+        """Start the worker processes of group ``g`` as a world of their own: vLLM-Omni's worker sees a
+        one-group server (``data_parallel_size`` 1, ``num_gpus`` = the group's processes, a master port
+        of the group's own, rank = the process's place in the group) and, on a card, only the group's
+        devices, so that its rank-``i`` device is the executor's rank ``base + i`` device."""
+        import copy
+
+        from vllm.utils.network_utils import get_open_port
+        from vllm_omni.platforms import current_omni_platform
+
+        from omni_ext.executor.worker import worker_main
+
+        ranks = self._group_ranks(g)
+        cfg = copy.copy(self.od_config)
+        cfg.parallel_config = pc = copy.copy(self.od_config.parallel_config)
+        pc.data_parallel_size, pc.world_size = 1, len(ranks)
+        cfg.num_gpus = len(ranks)
+        taken = {getattr(c, "master_port", None) for c in getattr(self, "_group_cfgs", {}).values()}
+        port = self.od_config.master_port if first and g == 0 else None
+        while port is None or port in taken:
+            port = cfg.settle_port(get_open_port(), port_inc=37)
+        cfg.master_port = port
+        if not hasattr(self, "_group_cfgs"):
+            self._group_cfgs: dict[int, Any] = {}
+        self._group_cfgs[g] = cfg
+        env = group_env(self.worker_env, current_omni_platform, ranks, self.world, self._ascend_args)
+        children = []
+        with _environ(env):
+            for i, rank in enumerate(ranks):
+                parent, child = self._ctx.Pipe(duplex=True)
+                proc = self._ctx.Process(
+                    target=worker_main,
+                    args=(rank, cfg, child, self._cancel_slots, start.worker_environ(), i),
+                    name=f"DiffusionWorker-{rank}",
+                    daemon=True,
+                )
+                proc.start()
+                self._procs[rank] = proc
+                self._conns[rank] = parent
+                children.append(child)
+        for child in children:
+            child.close()
+
+    def _wait_ready(self, g: int) -> None:
+        for rank in self._group_ranks(g):
+            conn = self._conns[rank]
+            deadline = time.monotonic() + _READY_TIMEOUT_S
+            while not conn.poll(1.0):
+                if not self._procs[rank].is_alive():
+                    raise RuntimeError(
+                        f"omni-ext: diffusion worker {rank} exited during start-up (exitcode {self._procs[rank].exitcode})"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"omni-ext: diffusion worker {rank} not ready after {_READY_TIMEOUT_S:.0f} s")
+            msg = protocol.recv(conn)
+            if not isinstance(msg, protocol.Ready):
+                raise RuntimeError(f"omni-ext: diffusion worker {rank} failed to start: {getattr(msg, 'error', msg)}")
+            self._pids[rank] = msg.pid
 
     # ------------------------------------------------------------------ contract
     @property
@@ -400,9 +461,7 @@ class TunedExecutor(DiffusionExecutor):
 
     def check_health(self) -> None:
         self._ensure_alive()
-        if self._healing:
-            return  # the workers are being replaced: the monitor has reported the death
-        for rank, proc in enumerate(self._procs):
+        for rank, proc in enumerate(self._procs):  # a group being replaced: its ranks are expected
             if not proc.is_alive() and rank not in self._expected:
                 self._on_worker_death([rank])
                 self._ensure_alive()
@@ -469,8 +528,8 @@ class TunedExecutor(DiffusionExecutor):
         self._kill_workers()
         # The workers are gone: each reader reads what is still in its pipe (freeing the shared
         # memory of any last output) and stops at end of file; only then are the pipes closed.
-        for reader in getattr(self, "_threads", [])[: self.world]:
-            if reader is not threading.current_thread():
+        for reader in getattr(self, "_readers", []):
+            if reader is not None and reader is not threading.current_thread():
                 reader.join(max(0.5, deadline + 5 - time.monotonic()))
         for conn in self._conns:
             with contextlib.suppress(Exception):
@@ -505,15 +564,16 @@ class TunedExecutor(DiffusionExecutor):
                 self._rpc_replies[reply.rpc_id][rank] = (reply.ok, reply.result)
             self._lock.notify_all()
 
-    def _monitor(self, gen: int, procs: list) -> None:
-        """Wait on the sentinels of generation ``gen``'s workers; report each death that was not asked for."""
-        sentinels = {p.sentinel: r for r, p in enumerate(procs)}
+    def _monitor(self, g: int, gen: int, procs: dict[int, Any]) -> None:
+        """Wait on the sentinels of group ``g``'s workers of generation ``gen``; report each death that
+        was not asked for."""
+        sentinels = {p.sentinel: r for r, p in procs.items()}
         while sentinels:
             try:
                 ready = multiprocessing.connection.wait(list(sentinels))
             except OSError:
                 return
-            if self._closed or gen != self._gen:
+            if self._closed or gen != self._gens[g]:
                 return
             dead = [sentinels.pop(s) for s in ready]
             with self._lock:
@@ -570,83 +630,85 @@ class TunedExecutor(DiffusionExecutor):
         self._heal(ranks, "omni-ext: diffusion worker " + "; ".join(details))
 
     def _heal(self, ranks: list[int], reason: str) -> None:
-        """Fail the jobs on the groups of ``ranks`` with ``reason`` and replace the workers (module
-        docstring), or give up once the respawn budget is spent. Called from the monitor or the
-        watchdog; the replacement runs in a thread of its own."""
-        group = self.ranks.group_of(ranks)
+        """Fail the jobs on the groups of ``ranks`` with ``reason`` and replace those groups' workers
+        (module docstring), or give up once the respawn budget is spent. Called from the monitor or the
+        watchdog; each replacement runs in a thread of its own, and the other groups keep serving."""
+        procs = self.ranks.group_of(ranks)
+        groups = sorted({g for g in range(self.dp) if set(self._group_ranks(g)) & set(procs)})
         with self._lock:
             if self._closed or self._failed:
                 return
-            self._expected.update(group)  # the rest of the group is stopped on purpose
-            first = not self._healing
-            if first:
-                allowed = self._budget.allow(time.monotonic())
-                if allowed:
-                    self._healing = True
-                    self.ranks.hold += 1
+            self._expected.update(procs)  # the rest of the group is stopped on purpose
+            new = [g for g in groups if g not in self._respawning]
+            now = time.monotonic()
+            allowed = all([self._budget.allow(now) for _ in new])
+            if allowed:
+                self._respawning.update(new)
         logger.error("%s", reason)
-        self.ranks.fail_on(group, reason)
-        self._kill_workers([self._procs[r] for r in group])  # a rank may hang in a collective with a dead one
-        if not first:
-            self._record()  # the counts; a respawn is already under way: it replaces these too
-            return
+        self.ranks.fail_on(procs, reason)
+        self._kill_workers([self._procs[r] for r in procs])  # a rank may hang in a collective with a dead one
         if not allowed:
             self._fail(f"{reason}; {self._budget.refusal(time.monotonic())}", exhausted=True)
             return
-        self._counts["respawns"] += 1
-        self._record("respawning", reason)
-        threading.Thread(target=self._respawn, args=(reason,), daemon=True, name="omni-ext-respawn").start()
+        self._counts["respawns"] += len(new)
+        self._record(reason)
+        for g in new:
+            threading.Thread(target=self._respawn, args=(g, reason), daemon=True, name=f"omni-ext-respawn-{g}").start()
 
-    def _respawn(self, reason: str) -> None:
-        """Wait for the jobs still running elsewhere, stop every worker, start a new set, serve again."""
+    def _respawn(self, g: int, reason: str) -> None:
+        """Start group ``g``'s workers anew (the old ones are killed) and serve on it again."""
         t0 = time.monotonic()
+        ranks = self._group_ranks(g)
         with self._lock:
-            while self.ranks.others_running() and not self._closed:
-                self._lock.wait(0.5)
             if self._closed:
                 return
-            self._expected.update(range(self.world))
-            self._gen += 1
-        logger.warning("omni-ext TunedExecutor: replacing all %d worker(s) and reloading the model (%s)", self.world,
-                       reason)
-        old_procs, old_conns, old_threads = list(self._procs), list(self._conns), list(self._threads)
-        for rank, proc in enumerate(old_procs):
-            if proc.is_alive():
-                with contextlib.suppress(Exception):
-                    self._post(rank, protocol.Shutdown())
-        deadline = time.monotonic() + 10
-        for proc in old_procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        self._kill_workers(old_procs)
-        for reader in old_threads[: self.world]:
-            reader.join(5.0)
-        for conn in old_conns:
+            self._gens[g] += 1
+        logger.warning("omni-ext TunedExecutor: replacing the %d worker(s) of group %d (ranks %s) and reloading the "
+                       "model while %d other group(s) serve (%s)", len(ranks), g, list(ranks),
+                       self.dp - len(self._respawning), reason)
+        self._kill_workers([self._procs[r] for r in ranks])
+        for r in ranks:
+            reader = self._readers[r]
+            if reader is not None:
+                reader.join(5.0)
             with contextlib.suppress(Exception):
-                conn.close()
+                self._conns[r].close()
         try:
-            self._launch_workers()
+            self._start_group(g)
+            self._wait_ready(g)
         except BaseException as exc:
-            self._fail(f"{reason}; the replacement workers did not start: {exc}", exhausted=True)
+            self._fail(f"{reason}; the replacement workers of group {g} did not start: {exc}", exhausted=True)
             return
         if self._closed:  # shut down meanwhile
-            self._kill_workers()
+            self._kill_workers([self._procs[r] for r in ranks])
             return
+        self._start_s = time.monotonic() - t0
         with self._lock:
-            self._expected.clear()
-            self._start_threads()
-            self._healing = False
-            self.ranks.hold -= 1
-            self.ranks.respawned(self._post, self._cancel_slots)
-        self._record("serving")
-        logger.warning("omni-ext TunedExecutor: serving again after %.1f s with new workers %s", time.monotonic() - t0,
-                       sorted(self._pids.values()))
+            self._expected.difference_update(ranks)
+            self._start_threads([g])
+            self._respawning.discard(g)
+            self.ranks.respawned(ranks)
+        self._record()
+        logger.warning("omni-ext TunedExecutor: group %d serving again after %.1f s with new workers %s", g,
+                       time.monotonic() - t0, [self._pids[r] for r in ranks])
 
-    def _record(self, state: str | None = None, reason: str = "") -> None:
+    def _record(self, reason: str | None = None, exhausted: bool = False) -> None:
         """This executor's healing record for the API process (:func:`omni_ext.progress.write_healing`):
-        ``state`` ("serving", "respawning", "exhausted") and its reason, or (None) the counts only."""
-        if state is not None:
-            self._state = {"state": state, "reason": reason, "since": time.time()}
-        progress.write_healing({**self._state, "start_s": self._start_s, "counts": dict(self._counts)})
+        its state ("serving"; "degraded" while some groups are replaced and others serve; "respawning"
+        while no group can serve; "exhausted" once it gave up), why (``reason``: the latest respawn's,
+        kept while the state lasts) and since when, the groups being replaced, and the counts."""
+        down = len(self._respawning)
+        if exhausted or self._state.get("state") == "exhausted":
+            state = "exhausted"
+        else:
+            state = "serving" if not down else "respawning" if down >= self.dp else "degraded"
+        if state != self._state.get("state") or (reason is not None and not exhausted):
+            kept = self._state.get("reason", "") if reason is None else reason
+            self._state = {"state": state, "reason": "" if state == "serving" else kept, "since": time.time()}
+        elif exhausted and reason is not None:
+            self._state["reason"] = reason
+        progress.write_healing({**self._state, "start_s": self._start_s, "counts": dict(self._counts),
+                                "groups": self.dp, "groups_respawning": down})
 
     def _fail(self, reason: str, culprit: Job | None = None, exhausted: bool = False) -> None:
         with self._lock:
@@ -660,7 +722,7 @@ class TunedExecutor(DiffusionExecutor):
             resolve(job, DiffusionOutput(error=msg))
         self._kill_workers()
         if exhausted:
-            self._record("exhausted", reason)
+            self._record(reason, exhausted=True)
         for cb in self._callbacks:
             try:
                 cb()

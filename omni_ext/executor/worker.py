@@ -47,7 +47,11 @@ logger = logging.getLogger("omni_ext.executor")
 STOPPED_BASE = 128
 
 
-def worker_main(rank: int, od_config, conn, cancel_slots=None, environ: dict[str, str] | None = None) -> None:
+def worker_main(rank: int, od_config, conn, cancel_slots=None, environ: dict[str, str] | None = None,
+                world_rank: int | None = None) -> None:
+    """Worker process ``rank`` of the executor: its place in its group's torch.distributed world is
+    ``world_rank`` (vLLM-Omni's rank and device index there; default ``rank``), while ``rank`` names it
+    to the executor (its pipe, its cells of the cancel board, its logs)."""
     from omni_ext.executor.start import EXECUTOR_PID, apply_environ
     from omni_ext.progress import pid_alive
 
@@ -94,7 +98,7 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None, environ: dict[str
     register_tuned_pipelines()
     try:
         worker = WorkerWrapperBase(
-            gpu_id=rank,
+            gpu_id=rank if world_rank is None else world_rank,
             od_config=od_config,
             base_worker_class=resolve_obj_by_qualname(current_omni_platform.get_diffusion_worker_cls()),
             worker_extension_cls=od_config.worker_extension_cls,

@@ -57,8 +57,9 @@ class CpuOmniPlatform(OmniPlatform, CpuPlatform):
 
     @classmethod
     def set_device(cls, device: torch.device) -> None:
-        """Called once per worker after RANK/WORLD_SIZE are set: size this worker's thread pool."""
-        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        """Called once per worker after RANK/WORLD_SIZE are set: size this worker's thread pool (the
+        cores are split over every worker of the server, not only this worker's world)."""
+        world = threads.workers_on_host()
         before = torch.get_num_threads()
         n = threads.apply_worker_threads(world)
         if n != before or not cls._threads_logged:

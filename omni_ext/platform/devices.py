@@ -11,7 +11,7 @@ numbers instead of losing ranks in ``set_device``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -23,3 +23,22 @@ def visible_devices(platform: Any, environ: Mapping[str, str] | None = None) -> 
     if raw is not None and raw.strip():
         return len([d for d in raw.split(",") if d.strip()]), f"{var}={raw}"
     return int(platform.get_device_count()), f"{getattr(platform, 'device_type', 'device')} device count"
+
+
+def group_devices_env(platform: Any, ranks: Sequence[int], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment that shows a worker group of the executor's ``ranks`` (consecutive) only its own
+    devices, so that its world's rank ``i`` (vLLM-Omni's worker: device ``i``) lands on the executor's
+    rank ``ranks[i]``'s device: the platform's visible-devices variable cut to those entries of what
+    is visible now (its value, else the devices counted from 0). Nothing on a CPU host, where every
+    worker's device is the CPU."""
+    if getattr(platform, "device_type", "cpu") == "cpu" or not ranks:
+        return {}
+    var = getattr(platform, "device_control_env_var", None)
+    if not var:
+        return {}
+    env = os.environ if environ is None else environ
+    raw = env.get(var)
+    visible = [d.strip() for d in raw.split(",") if d.strip()] if raw and raw.strip() else None
+    if visible is None:
+        visible = [str(i) for i in range(max(ranks) + 1)]
+    return {var: ",".join(visible[r] for r in ranks)}

@@ -13,6 +13,20 @@ from __future__ import annotations
 import os
 
 USER_OMP_ENV = "OMNI_EXT_USER_OMP_NUM_THREADS"
+#: The worker processes of the whole server, set by the TunedExecutor in its workers' environment: each
+#: of its CFG groups is a torch.distributed world of its own, so a worker's ``WORLD_SIZE`` counts only
+#: its group, while the cores are shared by all of them.
+HOST_WORKERS_ENV = "OMNI_EXT_HOST_WORKERS"
+
+
+def workers_on_host(environ: dict[str, str] | None = None) -> int:
+    """The workers that share this host's cores: the executor's count, else this worker's world."""
+    env = os.environ if environ is None else environ
+    for key in (HOST_WORKERS_ENV, "WORLD_SIZE"):
+        raw = (env.get(key) or "").strip()
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+    return 1
 
 
 def remember_user_omp(environ: dict[str, str] | None = None) -> None:
