@@ -38,7 +38,9 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     # omni-ext's API with --api-key and its own job directory (tests/test_api.py, tests/test_playground.py):
     # three keys, two tenants and an admin named by its hash (tests/test_tenants.py); the TunedExecutor, whose
     # placement journal shows each key its own requests.
-    "wan-api": ("wan2.1-t2v", ["--api-key", *TENANT_KEYS, "--distributed-executor-backend", TUNED, "--additional-config", json.dumps(
+    # Served under two names, the second OpenAI's (tests/test_api.py: every served name is accepted in ``model``).
+    "wan-api": ("wan2.1-t2v", ["--api-key", *TENANT_KEYS, "--served-model-name", "wan2.1", "sora-2",
+                               "--distributed-executor-backend", TUNED, "--additional-config", json.dumps(
         {"omni_ext": {"api": {"admin_keys": ["sha256:" + hashlib.sha256(TENANT_KEYS[2].encode()).hexdigest()]}}})],
         {"OMNI_EXT_API_TTL_S": "3600"}),
     # Wan with omni-ext's request validation and routes switched off: vLLM-Omni's stock behaviour,

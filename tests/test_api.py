@@ -386,3 +386,60 @@ def test_schemathesis_finds_no_server_errors(server_pool, tmp_path) -> None:
         assert proc.returncode == 0, out[-6000:]
         assert "No issues found" in out or "passed" in out, out[-3000:]
     assert requests.post(server.url + "/v1/videos/sync", json={**TINY, "size": "32x32", "num_frames": 5}).status_code == 200
+
+
+def test_a_prompt_over_the_token_bound_is_refused_before_any_work(server_pool) -> None:
+    """On the real servers (tiny Wan: a T5 tokenizer; tiny Qwen-Image: a byte-level BPE one) a prompt of
+    MAX_PROMPT_TOKENS + 1 tokens, well within the character bound, is a 400 naming the field and its
+    token count on videos and images; ``/v1/omni_ext/info`` lists the bound."""
+    from omni_ext.api.limits import MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS
+
+    over = " ".join(["cat"] * (MAX_PROMPT_TOKENS + 1))
+    assert len(over) < MAX_PROMPT_CHARS
+    for name, path in (("wan", "/v1/videos"), ("qwen", "/v1/images/generations")):
+        server = server_pool.get(name)
+        info = requests.get(server.url + "/v1/omni_ext/info", timeout=30).json()
+        assert info["limits"]["max_prompt_tokens"] == MAX_PROMPT_TOKENS, info["limits"]
+        before = requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"] if name == "wan" else []
+        err = assert_openai_error(requests.post(server.url + path, json={"prompt": "ok", "negative_prompt": over},
+                                                timeout=30), 400)
+        assert err["param"] == "negative_prompt" and f"is {MAX_PROMPT_TOKENS + 1} tokens" in err["message"], err
+        if name == "wan":  # no job was made of it
+            assert requests.get(server.url + "/v1/videos?limit=100", timeout=30).json()["data"] == before
+
+
+def test_every_served_model_name_is_accepted_in_model(server_pool) -> None:
+    """The keyed server runs with ``--served-model-name wan2.1 sora-2``: ``/v1/models`` lists both, a
+    create naming OpenAI's ``sora-2`` (as OpenAI's samples do) is the served model, another name is a 404."""
+    from tests.helpers import auth
+
+    server = server_pool.get("wan-api")
+    names = [m["id"] for m in requests.get(server.url + "/v1/models", headers=auth(server), timeout=30).json()["data"]]
+    assert names[:2] == ["wan2.1", "sora-2"], names
+    for model in ("sora-2", "wan2.1"):
+        resp = requests.post(server.url + "/v1/videos", headers=auth(server), timeout=60,
+                             json={"prompt": "a kite", "model": model, "size": "32x32", "seconds": "1",
+                                   "num_inference_steps": 2})
+        assert resp.status_code == 200 and resp.json()["model"] == "wan2.1", resp.text
+        requests.delete(f"{server.url}/v1/videos/{resp.json()['id']}", headers=auth(server), timeout=60)
+    err = assert_openai_error(requests.post(server.url + "/v1/videos", headers=auth(server), timeout=60,
+                                            json={"prompt": "a kite", "model": "sora-2-pro"}), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model", err
+
+
+def test_the_sdk_sends_a_generation_the_model_refuses_once(server_pool) -> None:
+    """The openai SDK retries 408, 409, 429 and every 5xx twice unless the server says otherwise. A
+    prompt within omni-ext's bounds that the model itself refuses at run time (tiny Qwen-Image: more
+    than its 1024 template tokens) fails the same way every time: the answer carries
+    ``x-should-retry: false`` and the SDK's real retry loop sends it exactly once."""
+    import httpx
+    import openai
+
+    server = server_pool.get("qwen")
+    sent: list[str] = []
+    http = httpx.Client(event_hooks={"request": [lambda r: sent.append(r.url.path)]})
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=2, http_client=http)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.images.generate(prompt=" ".join(["cat"] * 1500), size="32x32", extra_body={"num_inference_steps": 2})
+    assert err.value.response.headers["x-should-retry"] == "false"
+    assert sent == ["/v1/images/generations"], sent

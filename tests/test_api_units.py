@@ -1031,3 +1031,64 @@ def test_interrupted_queued_jobs_with_a_kept_request_stay_queued(tmp_path: Path)
     assert store.fail_interrupted(now=7, kept={"video_0", "video_2"}) == ["video_1", "video_2"]
     assert [j.id for j in store.queued("video")] == ["video_0"]
     assert store.get("video_2").error_code == "server_restarted"  # it was running: never run twice
+
+
+def test_prompts_are_bounded_in_the_served_models_tokens_where_its_tokenizer_is_at_hand(tmp_path: Path) -> None:
+    """With the model's fast tokenizer on disk (the tiny Wan's T5 one, saved as a model folder's
+    ``tokenizer/``), a prompt over MAX_PROMPT_TOKENS tokens, though within the character bound, is a 400
+    naming the field and its count, before a job exists; at the bound it passes; without a tokenizer
+    folder only characters are bounded."""
+    from omni_ext.api import tokens
+    from omni_ext.api.limits import MAX_PROMPT_CHARS, MAX_PROMPT_TOKENS
+    from omni_ext.models.tiny import build_t5_tokenizer
+
+    build_t5_tokenizer().save_pretrained(str(tmp_path / "model" / "tokenizer"))
+    counter = tokens.load(str(tmp_path / "model"))
+    assert counter is not None and counter.count("a cat") == 2 and tokens.load(str(tmp_path)) is None
+    video = api_state(tmp_path / "v", ModelLimits("WanPipeline", 16, 1, True), prompt_tokens=counter)
+    fits = " ".join(["a"] * MAX_PROMPT_TOKENS)
+    over = fits + " a"
+    assert len(over) < MAX_PROMPT_CHARS and counter.count(over) == MAX_PROMPT_TOKENS + 1
+    for field in ("prompt", "negative_prompt"):
+        with pytest.raises(APIError) as err:
+            build_video_request(Body({"prompt": "ok", field: over}), video, {})
+        assert (err.value.status, err.value.param, err.value.code) == (400, field, "string_above_max_length")
+        assert f"is {MAX_PROMPT_TOKENS + 1} tokens" in err.value.message
+    build_video_request(Body({"prompt": fits}), video, {})  # at the bound: fine
+
+
+def test_every_served_name_is_accepted_in_model_and_others_are_404(tmp_path: Path) -> None:
+    """``--served-model-name wan2.1 sora-2``: both names (and the path, and none) are the served model;
+    any other name is a 404 ``model_not_found``, before a job exists."""
+    from omni_ext.api.intake import build_image_request
+
+    video = api_state(tmp_path / "v", ModelLimits("WanPipeline", 16, 1, True), model_aliases=("sora-2",))
+    image = api_state(tmp_path / "i", ModelLimits("QwenImagePipeline", 16, 1, False), model_aliases=("gpt-image-1",))
+    for model in (None, "m", "sora-2"):
+        build_video_request(Body({"prompt": "x", **({"model": model} if model else {})}), video, {})
+    build_image_request({"prompt": "x", "model": "gpt-image-1"}, image)
+    for state, build in ((video, lambda f: build_video_request(Body(f), video, {})),
+                         (image, lambda f: build_image_request(f, image))):
+        with pytest.raises(APIError) as err:
+            build({"prompt": "x", "model": "dall-e-3"})
+        assert (err.value.status, err.value.code, err.value.param) == (404, "model_not_found", "model")
+
+
+def test_errors_tell_the_sdk_whether_a_retry_helps() -> None:
+    """``x-should-retry``: false for a client's mistake and for a generation the same request fails again
+    (the SDK would otherwise run it three times), true with Retry-After where waiting helps."""
+    from omni_ext.api.errors import bad_request, retry_headers, too_busy
+
+    def header(err: APIError) -> str | None:
+        return err.response().headers.get("x-should-retry")
+
+    assert header(bad_request("no", "size")) == "false"
+    assert header(APIError(404, "gone", code="model_not_found")) == "false"
+    assert header(APIError(500, "boom", code="generation_failed")) == "false"
+    assert header(APIError(507, "full", code="storage_full")) == "false"
+    busy = too_busy("full", 2.5).response()
+    assert busy.headers["x-should-retry"] == "true" and busy.headers["retry-after"] == "3"
+    assert header(APIError(503, "respawning", code="respawning", headers=retry_headers(4))) == "true"
+    assert header(APIError(503, "lost", code="replica_lost")) == "true"
+    assert header(APIError(409, "not ready", code="video_not_ready")) is None  # the SDK's own rule
+    assert header(APIError(500, "disk", code="storage_error")) is None

@@ -66,7 +66,32 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         from fastapi.responses import JSONResponse
 
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        headers = dict(self.headers or {})
+        verdict = should_retry(self.status, self.code, "retry-after" in headers)
+        if verdict is not None:
+            headers.setdefault(SHOULD_RETRY, verdict)
+        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
+
+
+#: The header the ``openai`` SDKs obey before their own rule (which retries 408, 409, 429 and every 5xx
+#: twice): "false" stops a retry that would only repeat the failure, "true" asks for one.
+SHOULD_RETRY = "x-should-retry"
+#: 5xx codes whose cause the same request meets again: a retry would run (and fail) the whole work again.
+DETERMINISTIC_5XX = frozenset({"generation_failed", "storage_full"})
+
+
+def should_retry(status: int, code: str | None, has_retry_after: bool) -> str | None:
+    """``x-should-retry`` for an error: "false" for a client's own mistake (4xx other than 408, 409 and 429)
+    and for a failure the same request would repeat (:data:`DETERMINISTIC_5XX`); "true" where a
+    Retry-After says when it will work (429 queue_full, 503 respawning or draining) and for a lost replica;
+    None (the SDK's own rule) otherwise."""
+    if 400 <= status < 500 and status not in (408, 409, 429):
+        return "false"
+    if code in DETERMINISTIC_5XX:
+        return "false"
+    if has_retry_after or code == "replica_lost":
+        return "true"
+    return None
 
 
 def bad_request(message: str, param: str | None, code: str = "invalid_value") -> APIError:

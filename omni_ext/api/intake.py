@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from fastapi import Request
 
     from omni_ext.api.settings import ApiSettings
+    from omni_ext.api.tokens import PromptTokens
 
 #: Job and media ids (also what keeps a path parameter out of the file system).
 ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -294,21 +295,23 @@ def check_prompt(fields: dict[str, Any]) -> str:
     return prompt
 
 
-def check_model(fields: dict[str, Any], served_name: str, served_path: str) -> None:
-    """``model`` may be omitted or name the served model (by its served name or its path)."""
+def check_model(fields: dict[str, Any], served_name: str, served_path: str, *aliases: str) -> None:
+    """``model`` may be omitted or name the served model (by any of its served names, or its path)."""
     model = fields.get("model")
     if not isinstance(model, (str, type(None))):
         raise bad_request("'model' must be a string.", "model")
-    if model not in (None, "", served_name, served_path):
+    if model not in (None, "", served_name, served_path, *aliases):
         raise APIError(HTTPStatus.NOT_FOUND, f"The model '{model}' does not exist on this server (serving "
                        f"'{served_name}').", param="model", code="model_not_found")
 
 
-def request_fields(body: Body, *, accepted: Iterable[str], served: tuple[str, str], files: Iterable[str] = (),
-                   size: bool = False, ints: Mapping[str, tuple[int, int]] | None = None) -> tuple[dict[str, Any], str]:
+def request_fields(body: Body, *, accepted: Iterable[str], served: tuple[str, ...], files: Iterable[str] = (),
+                   size: bool = False, ints: Mapping[str, tuple[int, int]] | None = None,
+                   tokens: PromptTokens | None = None) -> tuple[dict[str, Any], str]:
     """The checks a generation request starts with, in the order its first mistake is reported:
-    unknown fields (:func:`check_known`) and file fields (``files`` are accepted), ``prompt``,
-    ``model`` (``served``: the served model's name and path); then, when asked, ``size`` (as
+    unknown fields (:func:`check_known`) and file fields (``files`` are accepted), ``prompt`` (its
+    characters, then, with ``tokens``, its tokens in the served model's tokenizer),
+    ``model`` (``served``: the served model's name, path and other names); then, when asked, ``size`` (as
     ``width``/``height``) and each of ``ints`` (name -> bounds, in order; absent or null ones are
     left as they are). Returns (the fields without ``model``, the prompt); the caller's own fields follow."""
     fields = dict(body.fields)
@@ -317,6 +320,10 @@ def request_fields(body: Body, *, accepted: Iterable[str], served: tuple[str, st
     if unknown_files:
         raise bad_request(f"Unexpected file field: {unknown_files[0]}", unknown_files[0], "unknown_parameter")
     prompt = check_prompt(fields)
+    over = tokens.over(fields) if tokens is not None else None
+    if over is not None:
+        raise bad_request(f"'{over[0]}' is {over[1]} tokens of the served model's tokenizer; this server takes at "
+                          f"most {tokens.bound}.", over[0], "string_above_max_length")
     check_model(fields, *served)
     fields.pop("model", None)
     if size and "size" in fields:
@@ -361,8 +368,10 @@ class Served(Protocol):
 
     model_name: str
     model_path: str
+    model_aliases: tuple[str, ...]
     limits: ModelLimits
     settings: ApiSettings
+    prompt_tokens: PromptTokens | None
 
 
 GUIDANCE_FIELDS = ("guidance_scale", "true_cfg_scale", "guidance_scale_2")
@@ -550,8 +559,8 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
         raise bad_request(f"The served model ({limits.pipeline or 'unknown'}) does not generate video; use "
                           "/v1/images/generations.", None, "unsupported_model")
     fields, _ = request_fields(body, accepted=_video_request_fields() | _VIDEO_OWN_FIELDS,
-                               files=("input_reference", *UPLOAD_FIELDS), served=(state.model_name, state.model_path),
-                               size=True, ints=_VIDEO_INTS)
+                               files=("input_reference", *UPLOAD_FIELDS), served=(state.model_name, state.model_path, *state.model_aliases),
+                               size=True, ints=_VIDEO_INTS, tokens=state.prompt_tokens)
     if body.parts("input_references") and any(
             "input_reference" in body.files or fields.get(name) not in (None, "")
             for name in ("input_reference", "image_reference", "video_reference")):
@@ -829,7 +838,8 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     route builds them, with ``priority`` and ``deadline_s`` in their extra arguments) and how to answer it."""
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams, OmniTextPrompt
 
-    _, prompt = request_fields(Body(fields), accepted=_IMAGE_FIELDS, served=(state.model_name, state.model_path))
+    _, prompt = request_fields(Body(fields), accepted=_IMAGE_FIELDS, served=(state.model_name, state.model_path, *state.model_aliases),
+                               tokens=state.prompt_tokens)
     if fields.get("stream") not in (None, False, "false"):
         raise bad_request("Streaming image generation is not supported by this server.", "stream",
                           "unsupported_parameter")

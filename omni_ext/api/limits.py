@@ -24,6 +24,9 @@ MAX_VIDEO_GUIDANCE = 20.0
 #: encoders read at most 512-1024 tokens) but finite, so that a megabyte prompt is refused before it is
 #: stored with its job and echoed back by every GET and list.
 MAX_PROMPT_CHARS = 20_000
+#: Tokens of the same fields, counted with the served model's own tokenizer where it is at hand
+#: (:mod:`omni_ext.api.tokens`): the text encoders read 512-1024 of them, so this too is generous.
+MAX_PROMPT_TOKENS = 4096
 MAX_FRAMES = 2049
 MAX_OUTPUTS = 10  # images per request (``n``)
 MAX_PIXELS = 7680 * 4320  # width x height

@@ -91,6 +91,7 @@ def server_info(state: Any, app_state: Any) -> dict[str, Any]:
                    "max_seconds": limits.MAX_SECONDS, "max_frames": limits.MAX_FRAMES,
                    "max_outputs": limits.MAX_OUTPUTS, "max_seed": limits.MAX_SEED,
                    "max_prompt_chars": limits.MAX_PROMPT_CHARS,
+                   "max_prompt_tokens": state.prompt_tokens.bound if state.prompt_tokens else None,
                    "min_priority": limits.MIN_PRIORITY, "max_priority": limits.MAX_PRIORITY},
         "layout": {"executor": TUNED_EXECUTOR if layout.tuned else "vLLM-Omni", "cfg_parallel_size": layout.cfg,
                    "data_parallel_size": layout.dp, "replicas": layout.replicas, "cfg_mode": state.queue.config.cfg_mode,

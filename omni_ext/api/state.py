@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 from omni_ext.api import media
 from omni_ext.api.errors import APIError, StorageError, bad_request, not_found, retry_headers, storage
 from omni_ext.api.intake import ID_RE, ModelLimits
+from omni_ext.api import tokens
 from omni_ext.api.jobs import Job, JobStore
+from omni_ext.api.tokens import PromptTokens
 from omni_ext.scheduler.layout import ServerLayout, diffusion_stage, server_layout
 from omni_ext.api.queue import Admitted, RequestQueue
 from omni_ext.api.archive import RequestArchive
@@ -68,6 +70,8 @@ class ApiState:
     model_name: str
     model_path: str
     limits: ModelLimits
+    #: the served model's other names (``--served-model-name a b``: ``b``), accepted in ``model`` too
+    model_aliases: tuple[str, ...] = ()
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     #: The admission handles of running async video jobs, by job id: ``DELETE`` has only the id, and
     #: reports the cancellation through the job's handle (its task reports the rest of its life).
@@ -87,6 +91,8 @@ class ApiState:
     #: the bytes of the last result stored per kind (``video``: mp4 + thumbnail; ``image``: one image), what
     #: admission expects the next one to need
     result_bytes: dict[str, int] = field(default_factory=dict)
+    #: the served model's tokenizer, counting prompts against MAX_PROMPT_TOKENS (None: characters only)
+    prompt_tokens: PromptTokens | None = None
     #: the owner of each engine request id these routes sent (for the placement journal's filter), newest
     #: last, at most ``MAX_REQUEST_OWNERS``
     request_owners: OrderedDict[str, str | None] = field(default_factory=OrderedDict)
@@ -263,18 +269,21 @@ def resolve_video_backend(app_state: Any, limits: ModelLimits) -> VideoBackend:
     return VideoBackend(handler=handler, defaults={**native_video_defaults(limits), **configured_defaults(handler)})
 
 
-def _served_model(app_state: Any, args: Any) -> tuple[str, str]:
+def _served_model(app_state: Any, args: Any) -> tuple[str, str, tuple[str, ...]]:
+    """The served model's name (the first of ``--served-model-name``, else its path), its path, and its
+    other served names (vLLM takes several: ``--served-model-name sora-2 wan2.1`` serves under OpenAI's
+    name too), each of which a request's ``model`` may give."""
     engine = getattr(app_state, "engine_client", None)
     path = str(getattr(engine, "model", None) or getattr(args, "model", None) or getattr(args, "model_tag", "") or "")
-    name = path
+    names = [path]
     serving_models = getattr(app_state, "openai_serving_models", None)
     base = getattr(serving_models, "base_model_paths", None) if serving_models else None
     if base:
-        name = base[0].name
+        names = [b.name for b in base]
     elif getattr(args, "served_model_name", None):
         served = args.served_model_name
-        name = served[0] if isinstance(served, (list, tuple)) else served
-    return name, path
+        names = list(served) if isinstance(served, (list, tuple)) else [served]
+    return names[0], path, tuple(n for n in names[1:] if n != names[0])
 
 
 def served_class(app_state: Any) -> str | None:
@@ -333,7 +342,7 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
     if isinstance(existing, ApiState):
         return existing
     settings = load_settings(args)
-    name, path = _served_model(app_state, args)
+    name, path, aliases = _served_model(app_state, args)
     limits = limits_for_model(path, served_class(app_state))
     limits_for_model(path)  # the request-validation patch's look-up, read now rather than on the first request
     queue = request_queue(app_state, args, limits, name, settings.max_queued, dispatch)
@@ -349,7 +358,9 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
         archive.remove(stale)
     if failed:
         logger.warning("omni-ext: %d job(s) were queued or running when the server stopped; marked failed", len(failed))
-    state = ApiState(settings=settings, store=store, model_name=name, model_path=path, limits=limits, queue=queue,
+    state = ApiState(settings=settings, store=store, model_name=name, model_path=path, model_aliases=aliases,
+                     limits=limits, queue=queue,
+                     prompt_tokens=tokens.load(path),
                      tenancy=tenancy(args, settings.admin_keys), media_bytes=media.stored_bytes(settings.media_dir),
                      archive=archive)
     try:
