@@ -260,6 +260,7 @@ VIDEO_BAD_JSON = [
     ({"prompt": "x", "input_reference": {"image_url": "http://example.invalid/a.png"}}, 400, "input_reference"),
     ({"prompt": "x", "seconds": "1", "fps": {}}, 400, "fps"),
     ({"prompt": "x", "model": ["a"]}, 400, "model"),
+    ({"prompt": "x", "num_outputs_per_prompt": 2}, 400, "num_outputs_per_prompt"),  # one job, one video
 ]
 
 
@@ -443,3 +444,38 @@ def test_the_sdk_sends_a_generation_the_model_refuses_once(server_pool) -> None:
         client.images.generate(prompt=" ".join(["cat"] * 1500), size="32x32", extra_body={"num_inference_steps": 2})
     assert err.value.response.headers["x-should-retry"] == "false"
     assert sent == ["/v1/images/generations"], sent
+
+
+def test_openai_image_hints_through_the_sdk(server_pool) -> None:
+    """openai SDK on tiny Qwen-Image: ``quality="low"`` runs a quarter of the native steps (12 of 50: the
+    vLLM-Omni's stats table says so), ``style`` and ``moderation`` come back in ``x-omni-ext-ignored-fields``,
+    ``safety_identifier`` is accepted (and logged), ``background="transparent"`` is a 400 naming it."""
+    import openai
+
+    server = server_pool.get("qwen")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    raw = client.images.with_raw_response.generate(prompt="a red bicycle", size="32x32", quality="low", style="vivid",
+                                                   moderation="low", safety_identifier="user-42")
+    assert raw.headers["x-omni-ext-ignored-fields"] == "style,moderation"
+    assert raw.parse().data[0].b64_json
+    log = server.log_text()
+    assert "for end user 'user-42'; accepted as hints and not applied: style, moderation" in log
+    import re
+
+    assert re.search(r"\| num_inference_steps\s*\|\s*12\.000 \|", log), "quality=low did not run 12 steps"  # vLLM-Omni's stats
+    with pytest.raises(openai.BadRequestError) as err:
+        client.images.generate(prompt="a red bicycle", size="32x32", background="transparent")
+    assert err.value.body["param"] == "background" and err.value.response.headers["x-should-retry"] == "false"
+
+
+def test_image_variations_answer_a_clear_400_naming_the_alternative(server_pool) -> None:
+    """``images.create_variation`` (no prompt) is not something a served diffusion model does: a 400 that
+    names ``/v1/images/edits``, not vLLM's "No route"; the SDK does not retry it."""
+    import openai
+
+    server = server_pool.get("qwen")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.images.create_variation(image=("a.png", _png((200, 40, 40), 32), "image/png"))
+    assert "/v1/images/edits" in err.value.message and err.value.code == "unsupported_endpoint", err.value.message
+    assert err.value.response.headers["x-should-retry"] == "false"

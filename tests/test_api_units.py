@@ -1092,3 +1092,36 @@ def test_errors_tell_the_sdk_whether_a_retry_helps() -> None:
     assert header(APIError(503, "lost", code="replica_lost")) == "true"
     assert header(APIError(409, "not ready", code="video_not_ready")) is None  # the SDK's own rule
     assert header(APIError(500, "disk", code="storage_error")) is None
+
+
+def test_openai_image_hints_are_applied_refused_or_reported_never_silently_dropped(tmp_path: Path) -> None:
+    """``quality`` is a fraction of the family's native steps (Qwen-Image: 50), unless the request sets its
+    steps; ``background="transparent"`` is refused; ``style``/``moderation`` are reported as not applied;
+    ``safety_identifier`` (or ``user``) is recorded; bad values are a 400 naming the field."""
+    from omni_ext.api.intake import build_image_request, hints
+
+    qwen = ModelLimits("QwenImagePipeline", 16, 2, False)
+    assert hints({"quality": "low"}, qwen, None) == (12, (), None)
+    assert hints({"quality": "high", "style": "vivid"}, qwen, None) == (50, ("style",), None)
+    assert hints({"quality": "low"}, qwen, 7) == (7, ("quality",), None)  # the request's own steps win
+    assert hints({"quality": "medium"}, ModelLimits("SomeNewPipeline", 16, 1, False), None) == (None, ("quality",), None)
+    assert hints({"quality": "auto", "background": "opaque", "user": "u1", "safety_identifier": "s1"}, qwen, None) == \
+        (None, (), "s1")
+    image = api_state(tmp_path / "i", qwen)
+    spec, reply = build_image_request({"prompt": "x", "quality": "medium", "moderation": "low", "user": "u7"}, image)
+    assert spec.steps == 25 and spec.request[1].num_inference_steps == 25
+    assert reply.ignored == ("moderation",) and reply.end_user == "u7"
+    for field, value in (("background", "transparent"), ("background", "glass"), ("quality", "ultra"),
+                         ("style", "noir"), ("moderation", "none"), ("safety_identifier", "x" * 257), ("user", 3)):
+        with pytest.raises(APIError) as err:
+            build_image_request({"prompt": "x", field: value}, image)
+        assert (err.value.status, err.value.param) == (400, field), (field, value)
+    assert schemas.IMAGE_GENERATE["properties"]["safety_identifier"]["maxLength"] == limits.MAX_USER_CHARS
+
+
+def test_a_video_job_makes_one_video(tmp_path: Path) -> None:
+    video = api_state(tmp_path / "v", ModelLimits("WanPipeline", 16, 1, True))
+    build_video_request(Body({"prompt": "x", "num_outputs_per_prompt": 1}), video, {})
+    with pytest.raises(APIError) as err:
+        build_video_request(Body({"prompt": "x", "num_outputs_per_prompt": 2}), video, {})
+    assert (err.value.param, err.value.code) == ("num_outputs_per_prompt", "unsupported_parameter")

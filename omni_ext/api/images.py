@@ -30,6 +30,8 @@ from omni_ext.api.state import ApiState, admitting_state, engine_client, get_sta
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
+#: The response header listing the request's OpenAI hint fields that were accepted and not applied.
+IGNORED_HEADER = "x-omni-ext-ignored-fields"
 
 async def _generate(request: Request, spec: JobSpec, request_id: str) -> list[Any]:
     """vLLM-Omni's image generation call; returns PIL images."""
@@ -66,7 +68,8 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
                     job = Job(id=image_id, kind="image", owner=state.tenant(request).owner, status="completed",
                               progress=100, model=state.model_name,
                               prompt=spec.prompt, completed_at=now(), media={"image": name},
-                              meta={"content_type": media.IMAGE_TYPES[fmt]})
+                              meta={"content_type": media.IMAGE_TYPES[fmt],
+                                    **({"end_user": reply.end_user} if reply.end_user else {})})
                     if state.settings.ttl_s:
                         job.expires_at = job.completed_at + state.settings.ttl_s
                     stored.append(job)  # first: a failed write below still removes its file
@@ -80,7 +83,9 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
                     state.store.delete(job.id)
             raise
     size = f"{images[0].width}x{images[0].height}" if images else None
-    return JSONResponse({"created": int(time.time()), "data": data, "output_format": fmt, "size": size})
+    headers = {IGNORED_HEADER: ",".join(reply.ignored)} if reply.ignored else None
+    return JSONResponse({"created": int(time.time()), "data": data, "output_format": fmt, "size": size},
+                        headers=headers)
 
 
 @router.post("/v1/images/generations", openapi_extra=schemas.body(schemas.IMAGE_GENERATE))
@@ -88,6 +93,10 @@ async def generate_images(request: Request) -> JSONResponse:
     state = admitting_state(request)  # 503 before start-up or while draining
     spec, reply = await read_image_request(request, state)
     request_id = f"img_gen-{uuid.uuid4().hex}"
+    if reply.ignored or reply.end_user:
+        logger.info("omni-ext: image request %s%s%s", request_id,
+                    f" for end user {reply.end_user!r}" if reply.end_user else "",
+                    f"; accepted as hints and not applied: {', '.join(reply.ignored)}" if reply.ignored else "")
     if reply.response_format == "url":
         state.admit_result("image", spec.n)  # 507 before any work when live results fill the store's quota
     state.own_request(request_id, state.tenant(request))
@@ -101,6 +110,22 @@ async def generate_images(request: Request) -> JSONResponse:
     if not images:
         raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, "The model returned no image.", code="generation_failed")
     return await _respond(request, state, spec, reply, images)
+
+
+@router.post("/v1/images/variations")
+async def image_variations(request: Request) -> JSONResponse:
+    """OpenAI's ``images.create_variation`` (DALL-E 2's, no prompt): no diffusion pipeline vLLM-Omni
+    serves makes a variation without one. A clear 400 naming what does the same, instead of "No route"."""
+    state = get_state(request)
+    kind = f"{state.model_name} ({state.limits.pipeline or 'unknown'})"
+    edits = state.limits.image_input and not state.limits.is_video
+    raise APIError(HTTPStatus.BAD_REQUEST,
+                   "Image variations (a new image from an image, without a prompt) are not served by "
+                   f"{kind}. " + ("Send the image with a prompt that describes it to /v1/images/edits "
+                                  "(client.images.edit) instead." if edits else
+                                  "Serve an edit model (e.g. Qwen-Image-Edit) and send the image with a prompt to "
+                                  "/v1/images/edits (client.images.edit) instead."),
+                   param=None, code="unsupported_endpoint")
 
 
 @router.get("/v1/images/{image_id}/content")

@@ -43,7 +43,7 @@ from omni_ext.api.errors import APIError, bad_request, from_pydantic, storage
 from omni_ext.api.jobs import JobSpec
 from omni_ext.api.limits import (
     MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_PROMPT_CHARS, MAX_SECONDS, MAX_SEED,
-    MAX_STEPS, MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
+    MAX_STEPS, MAX_USER_CHARS, MIN_PRIORITY, MIN_STEPS, QUALITY_STEPS, SIZE_DIGITS,
 )
 from omni_ext.models import families
 from omni_ext.models.families import ModelFamily, job_shape
@@ -590,6 +590,11 @@ def build_video_request(body: Body, state: Served, defaults: dict[str, int]) -> 
         vreq = VideoGenerationRequest(**fields)
     except Exception as exc:  # pydantic.ValidationError
         raise from_pydantic(exc) from None
+    if (vreq.num_outputs_per_prompt or 1) > 1:
+        # vLLM-Omni's route encodes only the first of them; a job here is one video (one mp4, one content URL)
+        raise bad_request(f"A video job makes one video; 'num_outputs_per_prompt' {vreq.num_outputs_per_prompt} "
+                          "would run them all and return the first. Send one request per video (each its own "
+                          "seed).", "num_outputs_per_prompt", "unsupported_parameter")
     vp = vreq.resolve_video_params()
     _check_limits(limits, width=vp.width, height=vp.height, num_frames=vp.num_frames,
                   steps=vreq.num_inference_steps, n=vreq.num_outputs_per_prompt,
@@ -815,7 +820,7 @@ async def with_uploads(spec: JobSpec, body: Body, handler: Any) -> JobSpec:
 # ---- images -------------------------------------------------------------------------------------
 _IMAGE_FIELDS = {
     "prompt", "model", "n", "size", "response_format", "output_format", "output_compression", "quality", "style",
-    "background", "moderation", "user", "stream", "partial_images",
+    "background", "moderation", "user", "safety_identifier", "stream", "partial_images",
     # vLLM-Omni extensions
     "negative_prompt", "num_inference_steps", "guidance_scale", "true_cfg_scale", "seed", "generator_device",
     "extra_params", "flow_shift", "priority", "deadline_s", "lora", "layers", "system_prompt", "use_system_prompt",
@@ -830,6 +835,48 @@ class ImageReply:
     response_format: str  # ``b64_json`` or ``url``
     output_format: str  # ``png``, ``jpeg`` or ``webp``
     output_compression: int | None
+    #: OpenAI hint fields the request set that this server accepted and did not apply (a response header
+    #: and a log line say so: :func:`hints`)
+    ignored: tuple[str, ...] = ()
+    #: the end user the client named (``safety_identifier``, else ``user``), recorded with the request
+    end_user: str | None = None
+
+
+def hints(fields: dict[str, Any], limits: ModelLimits, steps: int | None) -> tuple[int | None, tuple[str, ...], str | None]:
+    """OpenAI's image hints: ``quality`` as a fraction of the native steps (:data:`QUALITY_STEPS`;
+    ``steps`` the request set wins), ``background`` (``transparent`` refused: no model here makes an alpha
+    channel), ``style`` and ``moderation`` (accepted, not applied), ``user``/``safety_identifier``
+    (recorded). Returns (the steps to run, the fields accepted and not applied, the end user)."""
+    ignored: list[str] = []
+    quality = fields.get("quality")
+    if quality not in (None, "auto"):
+        if not isinstance(quality, str) or quality not in QUALITY_STEPS:
+            raise bad_request(f"'quality' must be one of {['auto', *QUALITY_STEPS]}.", "quality")
+        native = limits.family.native.steps if limits.family is not None else None
+        if steps is None and native:
+            steps = max(MIN_STEPS, limits.min_steps, round(native * QUALITY_STEPS[quality]))
+        else:  # the request's own steps, or a model whose native steps omni-ext does not know
+            ignored.append("quality")
+    background = fields.get("background")
+    if background not in (None, "auto", "opaque"):
+        if background == "transparent":
+            raise bad_request(f"The served model ({limits.pipeline or 'unknown'}) makes opaque images; "
+                              "'background' may be 'auto' or 'opaque'.", "background", "unsupported_parameter")
+        raise bad_request("'background' must be 'auto', 'opaque' or 'transparent'.", "background")
+    for name, allowed in (("style", ("vivid", "natural")), ("moderation", ("auto", "low"))):
+        value = fields.get(name)
+        if value is not None:
+            if value not in allowed:
+                raise bad_request(f"'{name}' must be one of {list(allowed)}.", name)
+            ignored.append(name)
+    end_user = None
+    for name in ("user", "safety_identifier"):
+        value = fields.get(name)
+        if value is not None:
+            if not isinstance(value, str) or len(value) > MAX_USER_CHARS:
+                raise bad_request(f"'{name}' must be a string of at most {MAX_USER_CHARS} characters.", name)
+            end_user = value
+    return steps, tuple(ignored), end_user
 
 
 def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec, ImageReply]:
@@ -860,8 +907,10 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     if fields.get("size") not in (None, "auto"):
         width, height = parse_size(fields["size"])
     n = optional_int(fields, "n", 1, MAX_OUTPUTS, 1)
-    reply = ImageReply(fmt, out_fmt, optional_int(fields, "output_compression", 0, MAX_COMPRESSION))
-    steps = optional_int(fields, "num_inference_steps", MIN_STEPS, MAX_STEPS)
+    steps, ignored, end_user = hints(fields, state.limits, optional_int(fields, "num_inference_steps", MIN_STEPS,
+                                                                        MAX_STEPS))
+    reply = ImageReply(fmt, out_fmt, optional_int(fields, "output_compression", 0, MAX_COMPRESSION), ignored,
+                       end_user)
     guidance_scale = optional_float(fields, "guidance_scale")
     true_cfg_scale = optional_float(fields, "true_cfg_scale")
     seed = optional_int(fields, "seed", 0, MAX_SEED)

@@ -27,6 +27,12 @@ MAX_PROMPT_CHARS = 20_000
 #: Tokens of the same fields, counted with the served model's own tokenizer where it is at hand
 #: (:mod:`omni_ext.api.tokens`): the text encoders read 512-1024 of them, so this too is generous.
 MAX_PROMPT_TOKENS = 4096
+#: OpenAI's image ``quality`` as a fraction of the served model's native denoising steps (its family's;
+#: at least the model's minimum): fewer steps are what "low" costs less with on a diffusion model. A
+#: request's own ``num_inference_steps`` wins, and ``quality`` is then reported as not applied.
+QUALITY_STEPS = {"low": 0.25, "medium": 0.5, "standard": 0.5, "high": 1.0, "hd": 1.0}
+#: The end user's id a request may carry (``user``, and its successor ``safety_identifier``): recorded, bounded.
+MAX_USER_CHARS = 256
 MAX_FRAMES = 2049
 MAX_OUTPUTS = 10  # images per request (``n``)
 MAX_PIXELS = 7680 * 4320  # width x height

@@ -11,7 +11,7 @@ from typing import Any
 
 from omni_ext.api.limits import (
     MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_PROMPT_CHARS, MAX_SECONDS, MAX_SEED,
-    MAX_STEPS, MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_PRIORITY, MIN_STEPS, SIZE_DIGITS,
+    MAX_STEPS, MAX_USER_CHARS, MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_PRIORITY, MIN_STEPS, QUALITY_STEPS, SIZE_DIGITS,
 )
 
 
@@ -117,6 +117,12 @@ IMAGE_GENERATE: dict[str, Any] = {
         "system_prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS},
         "use_system_prompt": {"type": "boolean"},
         "bot_task": {"type": "string"},
+        "quality": {"type": "string", "enum": ["auto", *QUALITY_STEPS]},
+        "background": {"type": "string", "enum": ["auto", "opaque", "transparent"]},
+        "style": {"type": "string", "enum": ["vivid", "natural"]},
+        "moderation": {"type": "string", "enum": ["auto", "low"]},
+        "user": {"type": "string", "maxLength": MAX_USER_CHARS},
+        "safety_identifier": {"type": "string", "maxLength": MAX_USER_CHARS},
     },
 }
 
