@@ -98,7 +98,7 @@ class PortTaken(ServerStartError):
 class ServeProcess:
     model: str
     args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # "{port}" in a value becomes the server's port
     port: int = 0
     log_path: Path | None = None
     host: str = "127.0.0.1"
@@ -141,7 +141,7 @@ class ServeProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Each server picks its own progress and placement directory (omni_ext.progress), never its caller's.
         env = {**{k: v for k, v in os.environ.items() if k != PROGRESS_ENV}, "HF_HUB_OFFLINE": "1",
-               "PYTHONUNBUFFERED": "1", **self.env}
+               "PYTHONUNBUFFERED": "1", **{k: v.replace("{port}", str(self.port)) for k, v in self.env.items()}}
         log = open(self.log_path, "wb")
         log.write((" ".join(self.command()) + "\n").encode())
         log.flush()

@@ -52,7 +52,10 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     # omni-ext's TunedExecutor (tests/test_executor.py): one CFG group of two workers, and two
     # groups of one worker (data parallel).
     "wan-tuned-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED], {}),
-    "qwen-tuned-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED], {}),
+    # also: url image links on a configured public address (its own, under another name: still reachable;
+    # not the playground's server, whose page would then fetch them cross-origin)
+    "qwen-tuned-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--distributed-executor-backend", TUNED],
+                        {"OMNI_EXT_API_PUBLIC_URL": "http://localhost:{port}/"}),
     "wan-tuned-dp2": (
         "wan2.1-t2v",
         ["--distributed-executor-backend", TUNED, "--additional-config", '{"omni_ext": {"data_parallel_size": 2}}'],

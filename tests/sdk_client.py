@@ -9,6 +9,7 @@ last that sends ``videos.create`` as JSON — from ``.venv/openai-2.26`` on PYTH
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
@@ -16,6 +17,7 @@ import warnings
 
 import httpx
 import openai
+from PIL import Image
 
 warnings.simplefilter("ignore", DeprecationWarning)
 
@@ -60,6 +62,15 @@ def videos(base_url: str, api_key: str) -> dict:
     page1 = c.videos.list(limit=1, order="asc")
     video = c.videos.download_content(polled.id).read()
     thumb = c.videos.download_content(polled.id, variant="thumbnail").read()
+    sheets = [c.videos.download_content(polled.id, variant="spritesheet").read() for _ in range(2)]  # made, then kept
+    # a remix with the same prompt reruns the source's parameters and seed: the same bytes
+    remix = c.videos.remix(polled.id, prompt="a kite over the sea")
+    for _ in range(600):
+        if remix.status in ("completed", "failed"):
+            break
+        time.sleep(0.1)
+        remix = c.videos.retrieve(remix.id)
+    remix_same = remix.status == "completed" and c.videos.download_content(remix.id).read() == video
     deleted = c.videos.delete(created.id)
     try:
         c.videos.retrieve(created.id)
@@ -77,6 +88,9 @@ def videos(base_url: str, api_key: str) -> dict:
         "listed_ids": page_ids, "page1_ids": [v.id for v in page1.data], "page1_has_more": page1.has_more,
         "video_head": video[4:8].decode("latin1"), "video_len": len(video),
         "thumb_head": thumb[:4].decode("latin1") + thumb[8:12].decode("latin1"),
+        "sheet_size": list(Image.open(io.BytesIO(sheets[0])).size), "sheet_format": Image.open(io.BytesIO(sheets[0])).format,
+        "sheet_kept": sheets[0] == sheets[1],
+        "remix": remix.model_dump(), "remix_same_bytes": remix_same,
         "deleted": deleted.model_dump(), "after_delete": after_delete, "bad_request": bad,
     }
 

@@ -79,6 +79,11 @@ def test_openai_sdk_videos(server_pool, old: bool) -> None:
     assert len(r["page1_ids"]) == 1 and r["page1_has_more"] is True
     assert r["video_head"] == "ftyp" and r["video_len"] > 500
     assert r["thumb_head"] == "RIFFWEBP"
+    # 17 frames of 48x32: 8 evenly spaced in two rows of 4, as one JPEG; the second download is the kept file
+    remix = r["remix"]
+    assert remix["remixed_from_video_id"] == r["polled"]["id"] and remix["size"] == "48x32", remix
+    assert remix["status"] == "completed" and r["remix_same_bytes"], remix  # the source's parameters and seed
+    assert r["sheet_format"] == "JPEG" and r["sheet_size"] == [4 * 48, 2 * 32] and r["sheet_kept"], r
     assert r["deleted"] == {"id": r["first"]["id"], "object": "video.deleted", "deleted": True}
     assert r["after_delete"].startswith("404")
     bad = r["bad_request"]
@@ -303,7 +308,7 @@ def test_malformed_bodies_ids_and_queries(server_pool) -> None:
     slow = requests.post(server.url + "/v1/videos", json={**TINY, "size": "128x128", "num_frames": 9,
                                                             "num_inference_steps": 200}).json()
     for variant, status, needle in (("video", 409, "completed"), ("bogus", 400, "'spritesheet'"),
-                                    ("spritesheet", 400, "not produced")):
+                                    ("spritesheet", 409, "completed")):
         err = assert_openai_error(requests.get(f"{server.url}/v1/videos/{slow['id']}/content?variant={variant}"), status)
         assert needle in err["message"], err
     assert wait_done(server, slow["id"])["status"] == "completed"
@@ -479,3 +484,20 @@ def test_image_variations_answer_a_clear_400_naming_the_alternative(server_pool)
         client.images.create_variation(image=("a.png", _png((200, 40, 40), 32), "image/png"))
     assert "/v1/images/edits" in err.value.message and err.value.code == "unsupported_endpoint", err.value.message
     assert err.value.response.headers["x-should-retry"] == "false"
+
+
+def test_url_links_use_the_configured_public_url(server_pool) -> None:
+    """Behind a proxy the address a request came to is not the clients': with ``public_url`` (this server:
+    ``http://localhost:<port>``, its own address under another name) a ``url`` image link is built on it,
+    and works; ``/v1/omni_ext/info`` says it."""
+    server = server_pool.get("qwen-tuned-cfg2")
+    public = f"http://localhost:{server.port}"
+    assert requests.get(server.url + "/v1/omni_ext/info", timeout=30).json()["public_url"] == public
+    resp = requests.post(server.url + "/v1/images/generations", timeout=300,
+                         json={"prompt": "a red bicycle", "size": "32x32", "response_format": "url",
+                               "num_inference_steps": 2})
+    assert resp.status_code == 200, resp.text
+    url = resp.json()["data"][0]["url"]
+    assert url.startswith(public + "/v1/images/img_") and url.endswith("/content"), url
+    image = requests.get(url, timeout=30)
+    assert image.status_code == 200 and image.content[:8] == bytes.fromhex("89504e470d0a1a0a")

@@ -220,6 +220,8 @@ VIDEO_BOUNDS = {
     "fps": (1, limits.MAX_FPS),
     "boundary_ratio": (0, 1),
     "priority": (limits.MIN_PRIORITY, limits.MAX_PRIORITY),
+    "num_outputs_per_prompt": (1, 1),  # one video per job
+    "frame_interpolation_exp": (1, 2**63 - 1),  # vLLM-Omni's own field, from its pydantic model
 }
 IMAGE_BOUNDS = {
     "n": (1, limits.MAX_OUTPUTS),
@@ -229,6 +231,7 @@ IMAGE_BOUNDS = {
     "true_cfg_scale": (0, None),
     "seed": (0, limits.MAX_SEED),
     "priority": (limits.MIN_PRIORITY, limits.MAX_PRIORITY),
+    "partial_images": (0, 0),  # partial images need streaming, not served
 }
 
 
@@ -291,7 +294,7 @@ def test_image_route_enforces_what_the_schema_says(tmp_path: Path, name: str, va
         spec, reply = build_image_request({"prompt": "x", name: value}, state)
         _, params = spec.request
         parsed = {"n": spec.n, "output_compression": reply.output_compression, "num_inference_steps": spec.steps,
-                  "priority": spec.priority}.get(name, getattr(params, name, None))
+                  "priority": spec.priority, "partial_images": 0}.get(name, getattr(params, name, None))
         assert parsed == value
     else:
         with pytest.raises(APIError) as err:
@@ -1125,3 +1128,71 @@ def test_a_video_job_makes_one_video(tmp_path: Path) -> None:
     with pytest.raises(APIError) as err:
         build_video_request(Body({"prompt": "x", "num_outputs_per_prompt": 2}), video, {})
     assert (err.value.param, err.value.code) == ("num_outputs_per_prompt", "unsupported_parameter")
+
+
+def test_a_spritesheet_is_evenly_spaced_frames_in_a_grid() -> None:
+    """17 frames (frame i a flat grey of level 15*i), 48x32: 8 tiles in two rows of 4, the first tile frame
+    0 and the last frame 16, the ones between evenly spaced; a 3-frame video is one row of 3."""
+    import io
+
+    import av
+    import numpy as np
+    from PIL import Image
+
+    def mp4(n: int) -> bytes:
+        buf = io.BytesIO()
+        with av.open(buf, "w", format="mp4") as out:
+            stream = out.add_stream("libx264", rate=16)
+            stream.width, stream.height, stream.pix_fmt = 48, 32, "yuv420p"
+            stream.options = {"crf": "0"}
+            for i in range(n):
+                frame = av.VideoFrame.from_ndarray(np.full((32, 48, 3), 15 * i, np.uint8), format="rgb24")
+                out.mux(stream.encode(frame))
+            out.mux(stream.encode())
+        return buf.getvalue()
+
+    sheet = Image.open(io.BytesIO(media.mp4_spritesheet(mp4(17))))
+    assert sheet.format == "JPEG" and sheet.size == (4 * 48, 2 * 32)
+    grid = np.asarray(sheet.convert("L"), dtype=float)
+    levels = [grid[r * 32 + 8:r * 32 + 24, c * 48 + 8:c * 48 + 40].mean() for r in range(2) for c in range(4)]
+    expected = [15 * round(i * 16 / 7) for i in range(8)]
+    assert all(abs(a - b) < 6 for a, b in zip(levels, expected)), (levels, expected)
+    assert Image.open(io.BytesIO(media.mp4_spritesheet(mp4(3)))).size == (3 * 48, 32)
+
+
+def test_a_job_keeps_what_a_remix_needs_and_only_that() -> None:
+    """A remix reruns the source's fields and seed with a new prompt: a job keeps its request's fields
+    (not its prompt); not a request with uploads or media references, whose bytes do not outlive the job."""
+    from omni_ext.api.intake import remix_fields
+
+    assert remix_fields(Body({"prompt": "p", "size": "32x32", "seed": 5})) == {"size": "32x32", "seed": 5}
+    assert remix_fields(Body({"prompt": "p"}, files={"input_reference": ("a.png", "image/png", b"x")})) is None
+    assert remix_fields(Body({"prompt": "p", "image_reference": {"image_url": "data:image/png;base64,AAAA"}})) is None
+    assert remix_fields(Body({"prompt": "p", "extra_params": {"x": "y" * 20000}})) is None  # too large to keep
+
+
+def test_public_url_is_an_absolute_http_url_without_query() -> None:
+    from omni_ext.api.settings import public_url
+
+    assert public_url("https://gen.example.com/omni/") == "https://gen.example.com/omni"
+    assert public_url(None) is None and public_url("") is None
+    for bad in ("gen.example.com", "ftp://x", "https://x/?a=1", "https://x/#f", 3):
+        with pytest.raises(ValueError):
+            public_url(bad)
+    settings = load_settings(SimpleNamespace(port=1, additional_config='{"omni_ext": {"api": {"public_url": "http://p:9"}}}'),
+                             {"OMNI_EXT_API_DATA_DIR": "/tmp/x"})
+    assert settings.public_url == "http://p:9"
+
+
+def test_the_openapi_schema_lists_exactly_what_the_parsers_accept_and_the_docs_table_is_current() -> None:
+    """Every field the video and image parsers accept is in the route's OpenAPI schema and nothing else
+    (vLLM-Omni's own video fields come from its pydantic model), and ``docs/api-fields.md`` is the table
+    generated from them."""
+    from omni_ext.api import intake
+
+    video = set(intake._video_request_fields()) | intake._VIDEO_OWN_FIELDS | set(intake.UPLOAD_FIELDS)
+    assert set(schemas.VIDEO_CREATE["properties"]) == video
+    assert set(schemas.IMAGE_GENERATE["properties"]) == intake._IMAGE_FIELDS
+    assert set(schemas.VIDEO_REMIX["properties"]) == {"prompt"}
+    docs = Path(__file__).resolve().parent.parent / "docs" / "api-fields.md"
+    assert docs.read_text() == schemas.fields_markdown(), f"docs/api-fields.md is stale: {schemas.REGENERATE}"

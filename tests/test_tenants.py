@@ -155,9 +155,13 @@ def test_videos_belong_to_the_key_that_made_them(server_pool) -> None:
     # B: A's video answers exactly like an id that does not exist, on every route
     vid = mine["id"]
     for method, path in (("get", f"/v1/videos/{vid}"), ("get", f"/v1/videos/{vid}/content"),
-                         ("get", f"/v1/videos/{vid}/content?variant=thumbnail"), ("delete", f"/v1/videos/{vid}")):
-        theirs = getattr(requests, method)(server.url + path, headers=h(B), timeout=30)
-        unknown = getattr(requests, method)(server.url + path.replace(vid, "video_" + "0" * 32), headers=h(B), timeout=30)
+                         ("get", f"/v1/videos/{vid}/content?variant=thumbnail"),
+                         ("get", f"/v1/videos/{vid}/content?variant=spritesheet"),
+                         ("post", f"/v1/videos/{vid}/remix"), ("delete", f"/v1/videos/{vid}")):
+        body = {"json": {"prompt": "x"}} if method == "post" else {}
+        theirs = getattr(requests, method)(server.url + path, headers=h(B), timeout=30, **body)
+        unknown = getattr(requests, method)(server.url + path.replace(vid, "video_" + "0" * 32), headers=h(B),
+                                            timeout=30, **body)
         assert theirs.status_code == unknown.status_code == 404, (path, theirs.text[:200])
         assert theirs.json()["error"]["code"] == unknown.json()["error"]["code"]
     paged = requests.get(server.url + "/v1/videos", params={"after": vid}, headers=h(B), timeout=30)

@@ -56,7 +56,7 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
     if reply.response_format == "b64_json":
         data = [{"b64_json": base64.b64encode(b).decode("ascii"), "revised_prompt": None} for b in encoded]
     else:
-        base = str(request.base_url).rstrip("/")
+        base = state.settings.public_url or str(request.base_url).rstrip("/")  # behind a proxy: the configured one
         stored: list[Job] = []
         try:
             state.ensure_room(sum(len(b) for b in encoded))

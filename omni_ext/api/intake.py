@@ -621,7 +621,29 @@ async def read_video_request(request: Request, state: Served, defaults: dict[str
     (:func:`with_uploads`). A spec with :attr:`~omni_ext.api.jobs.JobSpec.uploads` holds temporary files:
     the caller removes them (``spec.uploads.cleanup()``) once the job ends or is refused."""
     body = await parse_body(request, state.settings.max_upload_bytes)
+    if body.fields.get("seed") in (None, ""):  # drawn here, as for images: the job records the seed it ran with
+        body.fields["seed"] = random.randint(0, MAX_SEED)  # (a remix reuses it; a restart re-runs it exactly)
     return await video_spec(body, state, defaults, handler), body
+
+
+#: Fields whose value is media (a reference by URL or data URL): a request that has one, or any uploaded
+#: file, is not kept for a remix (:func:`remix_fields`).
+_MEDIA_FIELDS = ("input_reference", "image_reference", "video_reference", "audio_reference", "input_references")
+#: The most JSON a job keeps of its request for a remix.
+REMIX_FIELDS_BYTES = 16 * 1024
+
+
+def remix_fields(body: Body) -> dict[str, Any] | None:
+    """What a job keeps of its request so that ``POST /v1/videos/{id}/remix`` can run it again with a new
+    prompt (its parameters and seed, no prompt), or None: a request with uploads or media references
+    (their bytes are not kept past the job), or one too large to keep in its record."""
+    if body.files or body.file_lists or any(body.fields.get(name) not in (None, "") for name in _MEDIA_FIELDS):
+        return None
+    kept = {k: v for k, v in body.fields.items() if k != "prompt"}
+    try:
+        return kept if len(json.dumps(kept)) <= REMIX_FIELDS_BYTES else None
+    except (TypeError, ValueError):
+        return None
 
 
 async def video_spec(body: Body, state: Served, defaults: dict[str, int], handler: Any = None) -> JobSpec:
@@ -890,6 +912,9 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     if fields.get("stream") not in (None, False, "false"):
         raise bad_request("Streaming image generation is not supported by this server.", "stream",
                           "unsupported_parameter")
+    if optional_int(fields, "partial_images", 0, 3):
+        raise bad_request("'partial_images' needs streaming, which this server does not serve; leave it out or 0.",
+                          "partial_images", "unsupported_parameter")
     fmt = fields.get("response_format") or "b64_json"
     if not isinstance(fmt, str) or fmt not in ("b64_json", "url"):
         raise bad_request("'response_format' must be 'b64_json' or 'url'.", "response_format")

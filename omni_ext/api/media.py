@@ -91,6 +91,38 @@ def encode_image(img: Any, fmt: str = "png", compression: int | None = None) -> 
     return buf.getvalue()
 
 
+#: OpenAI's ``variant=spritesheet``: at most this many evenly spaced frames, in rows of this many, each
+#: at most this wide (height in proportion), as one JPEG.
+SPRITE_FRAMES, SPRITE_COLUMNS, SPRITE_WIDTH = 8, 4, 256
+
+
+def mp4_spritesheet(mp4: bytes, frames: int = SPRITE_FRAMES, columns: int = SPRITE_COLUMNS,
+                    width: int = SPRITE_WIDTH) -> bytes:
+    """Evenly spaced frames of an mp4 (its first and last among them) in a grid, as one JPEG. Each frame
+    is scaled down as it is decoded, so a long video costs its decode, not its frames in memory."""
+    import av
+    from PIL import Image
+
+    tiles = []
+    with av.open(io.BytesIO(mp4)) as container:
+        for frame in container.decode(video=0):
+            img = frame.to_image()
+            if img.width > width:
+                img = img.resize((width, max(1, round(img.height * width / img.width))))
+            tiles.append(img)
+    if not tiles:
+        raise ValueError("video has no frames")
+    k = min(frames, len(tiles))
+    picked = [tiles[round(i * (len(tiles) - 1) / (k - 1))] if k > 1 else tiles[0] for i in range(k)]
+    cols = min(columns, k)
+    rows = -(-k // cols)
+    w, h = picked[0].size
+    sheet = Image.new("RGB", (cols * w, rows * h))
+    for i, tile in enumerate(picked):
+        sheet.paste(tile.convert("RGB"), ((i % cols) * w, (i // cols) * h))
+    return encode_image(sheet, "jpeg", 85)
+
+
 def mp4_thumbnail(mp4: bytes, fmt: str = "webp") -> bytes:
     """The first frame of an mp4 as an image (OpenAI's ``variant=thumbnail``)."""
     import av

@@ -99,6 +99,7 @@ def server_info(state: Any, app_state: Any) -> dict[str, Any]:
         "queue": state.queue.summary(),
         # request bodies in memory and slow clients: the bounds and what they refused (omni_ext.api.bodies)
         "bodies": bodies.info(app_state, state.settings.bodies, state.settings.max_upload_bytes),
+        "public_url": state.settings.public_url,
     }
 
 

@@ -2,11 +2,16 @@
 
 The routes parse bodies themselves (JSON and multipart share one parser), so FastAPI cannot infer
 these; they are declared here to match what the parsers accept, and every bound is built from
-:mod:`omni_ext.api.limits`, the constants the parsers and the validator enforce.
+:mod:`omni_ext.api.limits`, the constants the parsers and the validator enforce. The fields of
+vLLM-Omni's own ``VideoGenerationRequest`` that ``/v1/videos`` passes through and omni-ext does not
+describe itself are taken from that pydantic model's JSON schema (:func:`_vllm_omni_video_fields`),
+so that the schema lists exactly what the parser accepts (``tests/test_api_units.py`` compares
+them). ``python -m omni_ext.api.schemas`` writes ``docs/api-fields.md`` from them.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from omni_ext.api.limits import (
@@ -91,7 +96,17 @@ VIDEO_CREATE: dict[str, Any] = {
         "priority": _PRIORITY,
         "deadline_s": _DEADLINE,
         "extra_params": {"type": "object"},
+        "num_outputs_per_prompt": {**_integer(1, 1), "description": "A video job makes one video (send one "
+                                   "request per video)."},
     },
+}
+
+#: ``POST /v1/videos/{id}/remix``: OpenAI's ``VideoRemixParams``.
+VIDEO_REMIX: dict[str, Any] = {
+    "type": "object",
+    "required": ["prompt"],
+    "additionalProperties": False,
+    "properties": {"prompt": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS}},
 }
 
 IMAGE_GENERATE: dict[str, Any] = {
@@ -123,8 +138,39 @@ IMAGE_GENERATE: dict[str, Any] = {
         "moderation": {"type": "string", "enum": ["auto", "low"]},
         "user": {"type": "string", "maxLength": MAX_USER_CHARS},
         "safety_identifier": {"type": "string", "maxLength": MAX_USER_CHARS},
+        "flow_shift": {"type": "number", "description": "The scheduler's flow shift (vLLM-Omni's extension)."},
+        "generator_device": {"type": "string", "description": "Where the seed's generator runs (e.g. cpu)."},
+        "layers": {"type": "integer", "description": "Qwen-Image-Layered: how many layers (vLLM-Omni's range)."},
+        "lora": {"type": "object", "description": "A request LoRA: {name, path, scale} (vLLM-Omni's parser)."},
+        "stream": {"type": "boolean", "enum": [False], "description": "Streaming is not served (400)."},
+        "partial_images": {**_integer(0, 0), "description": "Partial images need streaming: 0 only."},
     },
 }
+
+
+def _vllm_omni_video_fields(listed: set[str]) -> dict[str, Any]:
+    """vLLM-Omni's ``VideoGenerationRequest`` fields not in ``listed``, as its pydantic model describes
+    them (``$ref`` inlined; titles and defaults dropped; ``null`` stays allowed where it is)."""
+    try:
+        from vllm_omni.entrypoints.openai.protocol.videos import VideoGenerationRequest
+    except ImportError:  # pure tests without vLLM-Omni: the hand-written fields only
+        return {}
+    full = VideoGenerationRequest.model_json_schema()
+    defs = full.get("$defs", {})
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return clean(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {k: clean(v) for k, v in node.items() if k not in ("title", "default")}
+        if isinstance(node, list):
+            return [clean(v) for v in node]
+        return node
+
+    return {name: clean(prop) for name, prop in full["properties"].items() if name not in listed}
+
+
+VIDEO_CREATE["properties"].update(_vllm_omni_video_fields(set(VIDEO_CREATE["properties"])))
 
 
 def body(schema: dict[str, Any], *, multipart: bool = False) -> dict[str, Any]:
@@ -133,3 +179,69 @@ def body(schema: dict[str, Any], *, multipart: bool = False) -> dict[str, Any]:
     if multipart:
         content["multipart/form-data"] = {"schema": schema}
     return {"requestBody": {"required": True, "content": content}}
+
+
+#: The fields OpenAI's own API defines on each route; every other field is an extension, sent with the SDKs'
+#: ``extra_body``.
+OPENAI_FIELDS = {
+    "POST /v1/videos": {"prompt", "model", "seconds", "size", "input_reference"},
+    "POST /v1/images/generations": {"prompt", "model", "n", "size", "response_format", "output_format",
+                                    "output_compression", "quality", "style", "background", "moderation", "user",
+                                    "safety_identifier", "stream", "partial_images"},
+}
+#: The command that writes the table (``docs/api-fields.md``, or the file it is given).
+REGENERATE = "python -m omni_ext.api.schemas"
+
+
+def _bounds(prop: dict[str, Any]) -> str:
+    """A property's type and bounds in a few words."""
+    options = prop.get("anyOf") or prop.get("oneOf")
+    if options:
+        kinds = list(dict.fromkeys(_bounds(p) for p in options if p.get("type") != "null"))
+        nullable = any(p.get("type") == "null" for p in options)
+        return " or ".join(kinds) + (" (or null)" if nullable else "")
+    kind = prop.get("format") == "binary" and "file" or prop.get("type", "object")
+    if kind == "array":
+        return f"list of {_bounds(prop.get('items', {}))}"
+    parts = [kind]
+    if "enum" in prop:
+        parts.append("one of " + ", ".join(f"`{json.dumps(v)}`" for v in prop["enum"]))
+    lo = prop.get("minimum", prop.get("exclusiveMinimum"))
+    hi = prop.get("maximum", prop.get("exclusiveMaximum"))
+    if lo is not None or (hi is not None and hi < 2**53):
+        parts.append(f"{'' if lo is None else lo}..{'' if hi is None or hi >= 2**53 else hi}")
+    if "maxLength" in prop:
+        parts.append(f"at most {prop['maxLength']} characters")
+    if "pattern" in prop and "example" in prop:
+        parts.append(f"e.g. `{prop['example']}`")
+    return " ".join(parts)
+
+
+def fields_markdown() -> str:
+    """``docs/api-fields.md``: every request field of ``/v1/videos`` and ``/v1/images/generations``, its
+    type and bounds, and how an SDK sends it (OpenAI's own fields as arguments, extensions in ``extra_body``)."""
+    lines = ["# Request fields", "",
+             f"Generated from `omni_ext/api/schemas.py` (the OpenAPI schema, equal to what the parsers accept); "
+             f"regenerate with `{REGENERATE}`.", "",
+             "OpenAI's own fields are arguments of the SDK call; every other field is an extension, sent as "
+             "`extra_body={\"name\": value}` (Python) or as a property of the body object with a "
+             "`// @ts-expect-error` or a cast (Node).", ""]
+    for route, schema in (("POST /v1/videos", VIDEO_CREATE), ("POST /v1/images/generations", IMAGE_GENERATE)):
+        lines += [f"## `{route}`", "", "| field | type and bounds | how the SDK sends it | what it does |",
+                  "|---|---|---|---|"]
+        for name in sorted(schema["properties"], key=lambda n: (n not in OPENAI_FIELDS[route], n)):
+            prop = schema["properties"][name]
+            binary = prop.get("format") == "binary" or prop.get("items", {}).get("format") == "binary"
+            how = ("argument" if name in OPENAI_FIELDS[route] else "a multipart file (`curl -F`)" if binary
+                   else f"`extra_body={{\"{name}\": ...}}`")
+            what = " ".join(str(prop.get("description", "")).split()).replace("|", "\\|")
+            lines.append(f"| `{name}` | {_bounds(prop)} | {how} | {what} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    Path(sys.argv[1] if len(sys.argv) > 1 else "docs/api-fields.md").write_text(fields_markdown())

@@ -44,6 +44,9 @@ class ApiSettings:
     #: admin entries as given (keys or ``sha256:<hex>``); checked against the server's keys at start-up
     admin_keys: tuple[str, ...] = ()
     bodies: BodyLimits = BodyLimits()  # request bodies in memory and slow clients (:mod:`omni_ext.api.bodies`)
+    #: the server's address as its clients reach it (``https://gen.example.com/omni``, behind a proxy), the base
+    #: of ``url`` image links; None: the address the request came to
+    public_url: str | None = None
 
     @property
     def db_path(self) -> Path:
@@ -83,4 +86,18 @@ def load_settings(args: Any, environ: dict[str, str] | None = None) -> ApiSettin
         raise ValueError("omni_ext.api.admin_keys must be a list of keys (or sha256:<hex> of keys)")
     return ApiSettings(data_dir=data_dir, ttl_s=ttl, max_upload_bytes=int(upload_mb * 2**20), max_queued=max_queued,
                        max_store_bytes=int(store_mb * 2**20), drain_s=drain_s, admin_keys=tuple(k.strip() for k in admin_keys if k.strip()),
-                       bodies=load_body_limits(cfg, env, int(upload_mb * 2**20)))
+                       bodies=load_body_limits(cfg, env, int(upload_mb * 2**20)),
+                       public_url=public_url(env.get("OMNI_EXT_API_PUBLIC_URL") or cfg.get("public_url")))
+
+
+def public_url(value: Any) -> str | None:
+    """``omni_ext.api.public_url`` checked: an absolute http(s) URL without query or fragment, its trailing
+    slash dropped (links are ``<public_url>/v1/images/<id>/content``); None when not set."""
+    if value in (None, ""):
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(str(value)) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"omni_ext.api.public_url must be an absolute http(s) URL without query, got {value!r}")
+    return str(value).rstrip("/")

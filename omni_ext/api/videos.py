@@ -27,7 +27,9 @@ from fastapi.responses import JSONResponse, Response
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
-from omni_ext.api.intake import ID_RE, bounded_int, read_video_request, reference_items, video_spec
+from omni_ext.api.intake import (
+    ID_RE, Body, bounded_int, check_known, parse_body, read_video_request, reference_items, remix_fields, video_spec,
+)
 from omni_ext.api.jobs import Job, JobSpec
 from omni_ext.api.limits import MAX_PAGE
 from omni_ext.api.queue import Admitted, QueueView
@@ -267,7 +269,8 @@ def video_object(job: Job, view: QueueView | None = None, detail: dict[str, Any]
     obj: dict[str, Any] = {
         "id": job.id, "object": "video", "model": job.model, "status": job.status, "progress": job.progress,
         "created_at": job.created_at, "completed_at": job.completed_at, "expires_at": job.expires_at,
-        "prompt": job.prompt, "seconds": job.seconds, "size": job.size, "remixed_from_video_id": None,
+        "prompt": job.prompt, "seconds": job.seconds, "size": job.size,
+        "remixed_from_video_id": job.meta.get("remixed_from_video_id"),
         "error": {"code": job.error_code, "message": job.error_message} if job.status == "failed" else None,
     }
     for key in ("priority", "num_frames", "fps", "inference_time_s", "peak_memory_mb", "stage_durations"):
@@ -296,6 +299,32 @@ async def create_video(request: Request) -> JSONResponse:
     # 503 before start-up, while draining, or without a video handler; 507 when live results fill the store
     state, backend, tenant = video_state(request)
     spec, body = await read_video_request(request, state, backend.defaults, backend.handler)
+    return await _create(state, backend, tenant, spec, body)
+
+
+@router.post("/v1/videos/{video_id}/remix", openapi_extra=schemas.body(schemas.VIDEO_REMIX))
+async def remix_video(request: Request, video_id: str) -> JSONResponse:
+    """OpenAI's remix: a new job with the source video's parameters and seed and a new ``prompt``; the
+    source must be the caller's (404 otherwise, as for any other route) and completed (409)."""
+    state, backend, tenant = video_state(request)
+    source = state.find_job("video", video_id, tenant)
+    if source.status != "completed":
+        raise APIError(HTTPStatus.CONFLICT, f"Video {video_id} is {source.status}; a remix needs a completed video.",
+                       param="video_id", code="video_not_ready" if source.active else "video_failed")
+    kept = source.meta.get("remix")
+    if kept is None:
+        raise bad_request(f"Video {video_id} was made from uploaded or referenced media, which is not kept after its "
+                          "job; send a new create with that media and the new prompt instead.", "video_id",
+                          "unsupported_remix")
+    fields = (await parse_body(request, state.settings.max_upload_bytes, allow_files=False)).fields
+    check_known(fields, ("prompt",))
+    spec = await video_spec(Body({**kept, "prompt": fields.get("prompt")}), state, backend.defaults, backend.handler)
+    return await _create(state, backend, tenant, spec, Body({**kept, "prompt": spec.prompt}), remixed_from=video_id)
+
+
+async def _create(state: ApiState, backend: Any, tenant: Any, spec: JobSpec, body: Any,
+                  remixed_from: str | None = None) -> JSONResponse:
+    """Admit a checked video request, store its job (and its request, for a restart), and start it."""
     job_id = f"video_{uuid.uuid4().hex}"
     try:
         admitted = state.queue.admit(job_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
@@ -305,7 +334,9 @@ async def create_video(request: Request) -> JSONResponse:
                     id=job_id, kind="video", owner=tenant.owner, model=state.model_name, prompt=spec.prompt,
                     seconds=spec.seconds,
                     size=f"{spec.width}x{spec.height}",
-                    meta={"num_frames": spec.frames, "fps": spec.fps, "priority": spec.priority},
+                    meta={"num_frames": spec.frames, "fps": spec.fps, "priority": spec.priority,
+                          **({"remix": kept} if (kept := remix_fields(body)) is not None else {}),
+                          **({"remixed_from_video_id": remixed_from} if remixed_from else {})},
                 )
                 try:  # kept until the job ends, so that a restart runs it again (omni_ext.api.drain)
                     await asyncio.to_thread(state.archive.save, job_id, body)
@@ -432,15 +463,29 @@ async def retrieve_video(request: Request, video_id: str) -> JSONResponse:
 async def video_content(request: Request, video_id: str, variant: str = "video") -> Response:
     state = get_state(request)
     job = state.find_job("video", video_id, state.tenant(request))
-    if variant not in ("video", "thumbnail", "spritesheet"):
+    if variant not in _VARIANT_TYPES:
         raise bad_request("'variant' must be 'video', 'thumbnail' or 'spritesheet'.", "variant")
-    if variant == "spritesheet":
-        raise bad_request("The spritesheet variant is not produced by this server.", "variant", "unsupported_variant")
     if job.status != "completed":
         raise APIError(HTTPStatus.CONFLICT, f"Video {video_id} is {job.status}; content is available once it is "
                        "completed.", param="video_id", code="video_not_ready" if job.active else "video_failed")
-    data = await state.read_media(job, variant, f"The content of video {video_id}")
-    return Response(data, media_type="video/mp4" if variant == "video" else "image/webp")
+    subject = f"The content of video {video_id}"
+    if variant == "spritesheet" and "spritesheet" not in job.media:
+        # made on its first request, from the stored mp4 (no job pays for a sheet nobody asks for), then kept
+        # with the job's other media (its quota, its expiry)
+        mp4 = await state.read_media(job, "video", subject)
+        sheet = await media.off_loop(media.mp4_spritesheet, mp4)
+        name = f"{job.id}.sprites.jpg"
+        await state.write_media(name, sheet)
+        job.media["spritesheet"] = name
+        state.store.save(job)
+        return Response(sheet, media_type=_VARIANT_TYPES[variant])
+    data = await state.read_media(job, variant, subject)
+    return Response(data, media_type=_VARIANT_TYPES[variant])
+
+
+#: What ``GET /v1/videos/{id}/content?variant=`` returns: the mp4, a WebP of its first frame, and a JPEG
+#: grid of evenly spaced frames (:func:`omni_ext.api.media.mp4_spritesheet`).
+_VARIANT_TYPES = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg"}
 
 
 @router.delete("/v1/videos/{video_id}")
