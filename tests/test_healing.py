@@ -126,21 +126,29 @@ def test_the_api_reads_respawning_exhausted_and_counts_from_the_executors_record
     assert progress.read_healing().exhausted == "4 respawn(s)" and healing.refusal().code == "server_stopping"
 
 
-def test_health_says_respawning_with_a_retry_after_and_is_the_stock_answer_otherwise(tmp_path: Path, monkeypatch) -> None:
-    from fastapi import APIRouter, FastAPI, Request
-    from fastapi.responses import JSONResponse
+def _health_client(stock, tmp_path: Path, monkeypatch):
+    """``/health`` as omni-ext puts it in front of ``stock`` (vLLM-Omni's endpoint), in process, reading the
+    healing records under ``tmp_path``; admission's copy of the records is restored after the test."""
+    from fastapi import APIRouter, FastAPI
     from fastapi.testclient import TestClient
-
-    async def stock(raw_request: Request) -> JSONResponse:
-        return JSONResponse({"status": "healthy", "path": raw_request.url.path})
 
     router = APIRouter()
     router.add_api_route("/health", healing.health_route(stock), methods=["GET"])
     app = FastAPI()
     app.include_router(router)
-    client = TestClient(app)
     monkeypatch.setenv(progress.ENV, str(tmp_path))
     monkeypatch.setattr(healing, "LATEST", healing.LATEST)  # restored after: /health updates admission's copy
+    return TestClient(app)
+
+
+def test_health_says_respawning_with_a_retry_after_and_is_the_stock_answer_otherwise(tmp_path: Path, monkeypatch) -> None:
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+
+    async def stock(raw_request: Request) -> JSONResponse:
+        return JSONResponse({"status": "healthy", "path": raw_request.url.path})
+
+    client = _health_client(stock, tmp_path, monkeypatch)
     assert client.get("/health").json() == {"status": "healthy", "path": "/health"}
     progress.write_healing({"state": "respawning", "reason": "worker died", "since": time.time(), "start_s": 5.0,
                             "counts": {}})
@@ -153,20 +161,13 @@ def test_health_says_respawning_with_a_retry_after_and_is_the_stock_answer_other
 def test_a_group_replaced_while_others_serve_is_degraded_not_refused(tmp_path: Path, monkeypatch) -> None:
     """One executor with two groups, one being replaced: admission admits (the other group serves),
     ``/health`` answers 200 ``degraded`` naming the groups; both replaced: 503 ``respawning``."""
-    from fastapi import APIRouter, FastAPI, Request
+    from fastapi import Request
     from fastapi.responses import Response
-    from fastapi.testclient import TestClient
 
     async def stock(raw_request: Request) -> Response:
         return Response(status_code=200)
 
-    router = APIRouter()
-    router.add_api_route("/health", healing.health_route(stock), methods=["GET"])
-    app = FastAPI()
-    app.include_router(router)
-    client = TestClient(app)
-    monkeypatch.setenv(progress.ENV, str(tmp_path))
-    monkeypatch.setattr(healing, "LATEST", healing.LATEST)
+    client = _health_client(stock, tmp_path, monkeypatch)
     progress.write_healing({"state": "degraded", "reason": "worker 0 died", "since": time.time(), "start_s": 4.0,
                             "groups": 2, "groups_respawning": 1, "counts": {"respawns": 1}})
     state = progress.read_healing()
