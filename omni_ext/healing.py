@@ -4,8 +4,8 @@ The TunedExecutor runs in vLLM-Omni's engine process and keeps a healing record 
 (:func:`omni_ext.progress.write_healing`); the API process reads it (:func:`omni_ext.progress.read_healing`:
 a directory listing and a ``stat`` per executor) and from it:
 
-- refuses new generations with 503 ``respawning`` and a Retry-After while every executor replaces its
-  workers (:func:`refusal`, asked by admission first), so that no request is admitted only to fail;
+- refuses new generations with 503 ``respawning`` and a Retry-After while no executor has a worker group
+  that serves (:func:`refusal`, asked by admission first), so that no request is admitted only to fail;
 - answers ``/health`` 503 with ``{"status": "respawning", ...}`` then; 200 with ``{"status": "degraded",
   ...}`` while some worker groups are replaced and the others serve (a load balancer keeps sending
   work, which those groups take); the stock answer otherwise (:func:`health_route`, put in place of
@@ -52,8 +52,8 @@ def retry_after_s(state: Healing, now: float | None = None) -> float:
 
 
 def refusal(state: Healing | None = None) -> Any:
-    """An :class:`~omni_ext.api.errors.APIError` 503 ``respawning`` (with Retry-After) while the
-    server's workers are being replaced (``state``: the records, read now when not given), else None."""
+    """An :class:`~omni_ext.api.errors.APIError` 503 ``respawning`` (with Retry-After) while no worker
+    group of the server can serve (``state``: the records, read now when not given), else None."""
     state = read_healing() if state is None else state
     if not state.respawning and state.exhausted is None:
         return None

@@ -151,7 +151,7 @@ class RequestQueue:
     def admit(self, job_id: str, priority: int, shape: JobShape, deadline_s: float | None = None, *,
               accepted: bool = False) -> Admitted:
         """Admit a new job (its :class:`Admitted` handle) or raise 429 ``queue_full`` (with Retry-After)
-        before it exists; 503 ``respawning`` (with Retry-After) while the workers are being replaced.
+        before it exists; 503 ``respawning`` (with Retry-After) while no worker group can serve.
         ``accepted``: a job a previous process accepted (its client holds a 200), queued again at start-up
         whatever the bounds say."""
         latest = healing.LATEST  # the executors' healing records, read off the request path

@@ -153,7 +153,7 @@ class HealingConfig:
     """How the TunedExecutor heals (``--additional-config '{"omni_ext": {"healing": {...}}}'``; the
     mechanism is :mod:`omni_ext.executor.tuned`'s, the budget rule :mod:`omni_ext.scheduler.respawn`).
 
-    ``max_respawns`` (3): worker sets the executor may start again within ``window_s``; the next
+    ``max_respawns`` (3): worker groups the executor may start again within ``window_s``; the next
     failure inside the window makes the server exit non-zero, so that a supervisor restarts it
     (a fault that comes back every few minutes is not one respawning hides). 0: never respawn.
     ``window_s`` (600): the window, in seconds, over which respawns are counted.
