@@ -654,7 +654,7 @@ async def video_spec(body: Body, state: Served, defaults: dict[str, int], handle
         spec = await media.off_loop(build_video_request, body, state, defaults)
     else:
         spec = build_video_request(body, state, defaults)
-    spec = await with_image_references(spec, state)
+    spec = replace(await with_image_references(spec, state), remix=remix_fields(body))
     return await with_uploads(spec, body, handler)  # last: nothing after it can fail and leave its files behind
 
 

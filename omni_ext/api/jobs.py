@@ -94,6 +94,8 @@ class JobSpec:
     #: to the frames the pipeline keeps, as its route decodes it
     reference_video: bytes | None = None
     uploads: Any = None
+    #: what the job keeps of its request for a remix (:func:`omni_ext.api.intake.remix_fields`), or None
+    remix: dict[str, Any] | None = None
 
 
 @dataclass

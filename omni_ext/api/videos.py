@@ -28,7 +28,7 @@ from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, bad_request, generation_error, storage
 from omni_ext.api.intake import (
-    ID_RE, Body, bounded_int, check_known, parse_body, read_video_request, reference_items, remix_fields, video_spec,
+    ID_RE, Body, bounded_int, check_known, parse_body, read_video_request, reference_items, video_spec,
 )
 from omni_ext.api.jobs import Job, JobSpec
 from omni_ext.api.limits import MAX_PAGE
@@ -335,7 +335,7 @@ async def _create(state: ApiState, backend: Any, tenant: Any, spec: JobSpec, bod
                     seconds=spec.seconds,
                     size=f"{spec.width}x{spec.height}",
                     meta={"num_frames": spec.frames, "fps": spec.fps, "priority": spec.priority,
-                          **({"remix": kept} if (kept := remix_fields(body)) is not None else {}),
+                          **({"remix": spec.remix} if spec.remix is not None else {}),
                           **({"remixed_from_video_id": remixed_from} if remixed_from else {})},
                 )
                 try:  # kept until the job ends, so that a restart runs it again (omni_ext.api.drain)

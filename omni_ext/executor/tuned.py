@@ -93,6 +93,8 @@ from omni_ext.scheduler.respawn import RespawnBudget, Watchdog, watchdog_action
 logger = logging.getLogger("omni_ext.executor")
 
 _READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800"))
+#: Held while a worker group is started: its environment is set in this process's ``os.environ``.
+_STARTS = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -333,6 +335,7 @@ class TunedExecutor(DiffusionExecutor):
         self._readers: list = [None] * self.world
         self._send_locks = [threading.Lock() for _ in range(self.world)]
         self._pids: dict[int, int] = {}
+        self._group_cfgs: dict[int, Any] = {}  # each group's vLLM-Omni config (its world, its master port)
         try:
             for g in range(self.dp):
                 self._start_group(g, first=True)
@@ -360,29 +363,28 @@ class TunedExecutor(DiffusionExecutor):
         cfg.parallel_config = pc = copy.copy(self.od_config.parallel_config)
         pc.data_parallel_size, pc.world_size = 1, len(ranks)
         cfg.num_gpus = len(ranks)
-        taken = {getattr(c, "master_port", None) for c in getattr(self, "_group_cfgs", {}).values()}
-        port = self.od_config.master_port if first and g == 0 else None
-        while port is None or port in taken:
-            port = cfg.settle_port(get_open_port(), port_inc=37)
-        cfg.master_port = port
-        if not hasattr(self, "_group_cfgs"):
-            self._group_cfgs: dict[int, Any] = {}
-        self._group_cfgs[g] = cfg
-        env = group_env(self.worker_env, current_omni_platform, ranks, self.world, self._ascend_args)
         children = []
-        with _environ(env):
-            for i, rank in enumerate(ranks):
-                parent, child = self._ctx.Pipe(duplex=True)
-                proc = self._ctx.Process(
-                    target=worker_main,
-                    args=(rank, cfg, child, self._cancel_slots, start.worker_environ(), i),
-                    name=f"DiffusionWorker-{rank}",
-                    daemon=True,
-                )
-                proc.start()
-                self._procs[rank] = proc
-                self._conns[rank] = parent
-                children.append(child)
+        with _STARTS:  # os.environ is the process's: one group's start at a time (respawns run in threads)
+            taken = {getattr(c, "master_port", None) for c in self._group_cfgs.values()}
+            port = self.od_config.master_port if first and g == 0 else None
+            while port is None or port in taken:
+                port = cfg.settle_port(get_open_port(), port_inc=37)
+            cfg.master_port = port
+            self._group_cfgs[g] = cfg
+            env = group_env(self.worker_env, current_omni_platform, ranks, self.world, self._ascend_args)
+            with _environ(env):
+                for i, rank in enumerate(ranks):
+                    parent, child = self._ctx.Pipe(duplex=True)
+                    proc = self._ctx.Process(
+                        target=worker_main,
+                        args=(rank, cfg, child, self._cancel_slots, start.worker_environ(), i),
+                        name=f"DiffusionWorker-{rank}",
+                        daemon=True,
+                    )
+                    proc.start()
+                    self._procs[rank] = proc
+                    self._conns[rank] = parent
+                    children.append(child)
         for child in children:
             child.close()
 
