@@ -524,6 +524,18 @@ def hf_cache_model(model_dir: Path, cache_root: Path, repo_id: str, *, symlinks:
     return snapshot
 
 
+def hosts(fixture: str, tiny_models, tmp_path_factory) -> Iterator:
+    """A multi-machine fixture's servers (``AHEAD_BUILDERS[fixture]``): started ahead during the test before
+    (tests/conftest.py) or now, waited for, stopped after its test."""
+    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
+        pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts vllm-omni servers of its own")
+    mh = take_ahead(fixture) or AHEAD_BUILDERS[fixture](tiny_models, tmp_path_factory.mktemp(fixture))
+    try:
+        yield mh.wait_ready(START_TIMEOUT_S)
+    finally:
+        mh.stop()
+
+
 @contextlib.contextmanager
 def serve_models(workdir: Path, specs: dict[str, tuple[str, list[str], dict[str, str]]]
                  ) -> Iterator[dict[str, ServeProcess]]:

@@ -54,7 +54,7 @@ from omni_ext.api.intake import ModelLimits
 from omni_ext.server_process import ServeProcess
 from tests.helpers import (
     AHEAD_BUILDERS, DRILL_ARGS, DRILL_ENV, JOB, START_TIMEOUT_S, events_mark, fill, new_events, placements, scrape,
-    serve_in_process, take_ahead, until, video_sync, wait_all, wait_idle,
+    hosts, serve_in_process, until, video_sync, wait_all, wait_idle,
 )
 from tests.media import decode_mp4
 
@@ -621,15 +621,8 @@ AHEAD_BUILDERS["drill_hosts"] = _drill_hosts
 
 @pytest.fixture
 def drill_hosts(tiny_models, tmp_path_factory):
-    """:func:`_drill_hosts` for one test (it restarts the head): started ahead during the test before
-    (tests/conftest.py) or now, waited for, stopped after it."""
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts vllm-omni servers of its own")
-    mh = take_ahead("drill_hosts") or _drill_hosts(tiny_models, tmp_path_factory.mktemp("drill_hosts"))
-    try:
-        yield mh.wait_ready(START_TIMEOUT_S)
-    finally:
-        mh.stop()
+    """:func:`_drill_hosts` for one test (it restarts the head)."""
+    yield from hosts("drill_hosts", tiny_models, tmp_path_factory)
 
 
 #: The two jobs running at the head's stop, one per replica: seconds each (``LONG``), so both are still

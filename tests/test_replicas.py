@@ -29,7 +29,7 @@ import pytest
 import requests
 
 from tests.helpers import events_mark, options_for, placements, until
-from tests.helpers import AHEAD_BUILDERS, REPLICAS2_DEPLOY, take_ahead
+from tests.helpers import AHEAD_BUILDERS, REPLICAS2_DEPLOY, hosts
 from tests.media import decode_mp4, decode_png
 
 TUNED = "omni_ext.executor.TunedExecutor"
@@ -334,23 +334,9 @@ def _image_hosts(models: dict[str, Path], tmp: Path):
 AHEAD_BUILDERS["image_hosts"] = _image_hosts
 
 
-def _hosts(fixture: str, tiny_models, tmp_path_factory) -> Iterator:
-    """A multi-machine fixture's servers: started ahead during the test before (tests/conftest.py) or
-    now, waited for, stopped after its test."""
-    import os
-
-    if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
-        pytest.skip("OMNI_EXT_NO_SERVERS=1")
-    mh = take_ahead(fixture) or AHEAD_BUILDERS[fixture](tiny_models, tmp_path_factory.mktemp(fixture))
-    try:
-        yield mh.wait_ready(600)
-    finally:
-        mh.stop()
-
-
 @pytest.fixture
 def image_hosts(tiny_models, tmp_path_factory) -> Iterator:
-    yield from _hosts("image_hosts", tiny_models, tmp_path_factory)
+    yield from hosts("image_hosts", tiny_models, tmp_path_factory)
 
 
 @pytest.mark.server
@@ -412,7 +398,7 @@ AHEAD_BUILDERS["multihost"] = _two_hosts
 
 @pytest.fixture
 def multihost(tiny_models, tmp_path_factory) -> Iterator:
-    yield from _hosts("multihost", tiny_models, tmp_path_factory)
+    yield from hosts("multihost", tiny_models, tmp_path_factory)
 
 
 @pytest.mark.server
