@@ -222,6 +222,50 @@ def _pair_rank(rank: int, port: int, board, barrier, plan: list, results) -> Non
     dist.destroy_process_group()
 
 
+def test_a_large_job_is_pickled_once_and_reaches_its_ranks_at_once_in_order(monkeypatch) -> None:
+    """A job's RunJob holding a 12.6 MB reference (Edit-Plus) is pickled once for both ranks, the
+    first rank's copy is written by a thread while the second is written inline (both pipes are
+    drained at the same time), and each rank's later messages still come after it."""
+    import pickle
+    import threading
+
+    from omni_ext.executor import protocol, tuned
+    from omni_ext.executor.tuned import TunedExecutor
+
+    encodes = []
+    real = protocol.encode
+    monkeypatch.setattr(protocol, "encode", lambda msg: encodes.append(type(msg).__name__) or real(msg))
+    ex = object.__new__(TunedExecutor)
+    pipes = [multiprocessing.Pipe(duplex=False) for _ in range(2)]  # (reader, writer) per rank
+    ex._conns = [w for _, w in pipes]
+    ex._send_locks = [threading.Lock() for _ in range(2)]
+    ex._last_wire = None
+    got: dict[int, list] = {0: [], 1: []}
+
+    def read(rank: int) -> None:
+        for _ in range(2):
+            got[rank].append(pickle.loads(pipes[rank][0].recv_bytes()))
+
+    readers = [threading.Thread(target=read, args=(r,)) for r in (0, 1)]
+    for t in readers:
+        t.start()
+    req = {"vae_images": torch.ones(1, 3, 1, 1024, 1024)}
+    run = protocol.RunJob("j1", req, protocol.JobMode.PAIR, 2, 7, (0, 1), 1)
+    for r in run.ranks:  # as RankQueue._start sends it
+        ex._post(r, run)
+    for r in run.ranks:
+        ex._post(r, protocol.ResumeJob("j1"))
+    for t in readers:
+        t.join(30)
+    assert encodes == ["RunJob", "ResumeJob", "ResumeJob"], encodes
+    for r in (0, 1):
+        first, second = got[r]
+        assert first.job_id == "j1" and torch.equal(first.req["vae_images"], req["vae_images"])
+        assert isinstance(second, protocol.ResumeJob)
+    assert ex._last_wire is None  # the bytes are not kept once the last rank has them
+    assert tuned.PARALLEL_SEND_BYTES < 12_582_912
+
+
 @pytest.mark.spawns
 def test_cfg_pair_has_no_per_step_host_sync_and_both_ranks_stop_at_the_same_step() -> None:
     import queue

@@ -46,7 +46,7 @@ def _child(model: str, mode: str, rank: int, port: int, steps: int, lat: list[in
     e = torch.randn(1, 512, m.config.text_dim)
 
     def fwd():
-        with torch.no_grad():
+        with torch.inference_mode():  # as the servers run it (vLLM-Omni's model runner)
             return m(hidden_states=x, timestep=t, encoder_hidden_states=e, return_dict=False)[0]
 
     fwd()
@@ -154,7 +154,7 @@ def _sp_worker(model: str, rank: int, world: int, cfg: int, ulysses: int, port: 
     step = _qwen_edit_step(pipe, lat, model) if type(pipe).__name__.startswith("QwenImageEdit") else _wan_step(pipe, lat)
 
     def loop(n: int) -> float:
-        with torch.no_grad(), set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od):
+        with torch.inference_mode(), set_forward_context(vllm_config=worker.vllm_config, omni_diffusion_config=od):
             if world > 1:
                 dist.barrier()
             t0 = time.perf_counter()

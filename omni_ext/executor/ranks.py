@@ -810,9 +810,10 @@ class RankQueue:
         job.deadline = None if limit is None else now + limit
         for r in ranks:
             self.busy[r] = job.job_id
-        for r in ranks:
+        run = protocol.RunJob(job.job_id, job.req, mode, self.cfg_size, job.seq, ranks, self.units.size)
+        for r in ranks:  # one message for all of them: the executor pickles it once (TunedExecutor._post)
             try:
-                self.send(r, protocol.RunJob(job.job_id, job.req, mode, self.cfg_size, job.seq, ranks, self.units.size))
+                self.send(r, run)
             except Exception as exc:  # a dead pipe: the monitor reports the death
                 logger.error("omni-ext: could not send request %s to worker %d: %s", job.request_id, r, exc)
         waited = now - entry.ticket.arrival

@@ -95,6 +95,9 @@ logger = logging.getLogger("omni_ext.executor")
 _READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800"))
 #: Held while a worker group is started: its environment is set in this process's ``os.environ``.
 _STARTS = threading.Lock()
+#: A job's message at least this large goes to the job's processes at once (TunedExecutor._post);
+#: vLLM-Omni moves tensors above the same size through shared memory.
+PARALLEL_SEND_BYTES = 1_000_000
 
 
 @contextlib.contextmanager
@@ -334,6 +337,7 @@ class TunedExecutor(DiffusionExecutor):
         self._conns: list = [None] * self.world
         self._readers: list = [None] * self.world
         self._send_locks = [threading.Lock() for _ in range(self.world)]
+        self._last_wire: tuple[protocol.RunJob, bytes] | None = None  # see _wire
         self._pids: dict[int, int] = {}
         self._group_cfgs: dict[int, Any] = {}  # each group's vLLM-Omni config (its world, its master port)
         try:
@@ -538,8 +542,46 @@ class TunedExecutor(DiffusionExecutor):
                 conn.close()
 
     def _post(self, rank: int, msg: protocol.Message) -> None:
-        with self._send_locks[rank]:
-            protocol.send(self._conns[rank], msg)
+        """Send ``msg`` down ``rank``'s pipe, in order with the rank's other messages.
+
+        A job's :class:`~omni_ext.executor.protocol.RunJob` goes to every process of the job: it is
+        pickled once, and a large one reaches the job's processes at the same time (each but the
+        last is written from a thread that holds that rank's send lock, taken here, so the order per
+        rank holds). An Edit-Plus request carries its 12.6 MB reference: one pipe after the other
+        started the job's second process 20-25 ms after the first, a wait its first step absorbed."""
+        data = self._wire(rank, msg)
+        lock = self._send_locks[rank]
+        lock.acquire()
+        try:
+            conn = self._conns[rank]
+            if isinstance(msg, protocol.RunJob) and len(data) >= PARALLEL_SEND_BYTES and rank != msg.ranks[-1]:
+                threading.Thread(target=self._send_held, args=(rank, conn, data, lock), daemon=True,
+                                 name=f"omni-ext-send-{rank}").start()
+                lock = None  # the thread releases it
+                return
+            conn.send_bytes(data)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _wire(self, rank: int, msg: protocol.Message) -> bytes:
+        """``msg``'s bytes; a job's RunJob is pickled for its first process and kept for the others
+        (RankQueue sends them in ``msg.ranks`` order, under its lock), then dropped."""
+        if not isinstance(msg, protocol.RunJob) or len(msg.ranks) < 2 or rank not in msg.ranks:
+            return protocol.encode(msg)
+        last = self._last_wire
+        data = last[1] if last is not None and last[0] is msg else protocol.encode(msg)
+        self._last_wire = None if rank == msg.ranks[-1] else (msg, data)
+        return data
+
+    @staticmethod
+    def _send_held(rank: int, conn: Any, data: bytes, lock: threading.Lock) -> None:
+        try:
+            conn.send_bytes(data)
+        except Exception as exc:  # a dead pipe: the monitor reports the death
+            logger.error("omni-ext: could not send a job to worker %d: %s", rank, exc)
+        finally:
+            lock.release()
 
     # ------------------------------------------------------------------ threads
     def _reader(self, rank: int, conn: Any) -> None:
