@@ -143,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--check", action="store_true", help="resolve each against the installed vLLM-Omni; exit 1 if one is broken")
     pc.set_defaults(func=_cmd_patches_couplings)
 
-    p = sub.add_parser("models", help="omni-ext's path for every pipeline class vLLM-Omni registers (docs/models.md)")
+    p = sub.add_parser("models", help="omni-ext's path for every pipeline class vLLM-Omni registers (docs/reference/models.md)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="the decisions and the counts as JSON")
-    out.add_argument("--markdown", action="store_true", help="the docs/models.md page")
+    out.add_argument("--markdown", action="store_true", help="the docs/reference/models.md page")
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("info", help="versions, platform decision and registered entry points")

@@ -20,7 +20,7 @@ import logging
 import multiprocessing
 import os
 
-from omni_ext import __version__
+from omni_ext import __version__, environment
 
 logger = logging.getLogger("omni_ext")
 
@@ -34,7 +34,7 @@ def _ensure_log_handler() -> None:
         handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [omni-ext] %(message)s", "%m-%d %H:%M:%S"))
         logger.addHandler(handler)
         logger.propagate = False
-    logger.setLevel(os.environ.get("OMNI_EXT_LOG_LEVEL", "INFO").upper())
+    logger.setLevel(environment.value("OMNI_EXT_LOG_LEVEL").upper())
 
 
 def _activate(side: str) -> dict[str, object]:

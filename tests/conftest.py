@@ -32,9 +32,10 @@ SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "wan": ("wan2.1-t2v", [], {"OMNI_EXT_API_MAX_UPLOAD_MB": "2"}),
     "wan-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2"], {}),
     "qwen": ("qwen-image", [], {}),
-    # also keyed like wan-api, its admin named by the key itself (tests/test_tenants.py: image links per tenant)
+    # also keyed like wan-api, its admin named by the key itself (tests/test_tenants.py: image links per tenant,
+    # and signed links that work without a key)
     "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--api-key", *TENANT_KEYS],
-                  {"OMNI_EXT_API_ADMIN_KEYS": TENANT_KEYS[2]}),
+                  {"OMNI_EXT_API_ADMIN_KEYS": TENANT_KEYS[2], "OMNI_EXT_API_SIGNED_URL_TTL_S": "600"}),
     # omni-ext's API with --api-key and its own job directory (tests/test_api.py, tests/test_playground.py):
     # three keys, two tenants and an admin named by its hash (tests/test_tenants.py); the TunedExecutor, whose
     # placement journal shows each key its own requests.

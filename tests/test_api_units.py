@@ -1070,7 +1070,7 @@ def test_every_served_name_is_accepted_in_model_and_others_are_404(tmp_path: Pat
     for model in (None, "m", "sora-2"):
         build_video_request(Body({"prompt": "x", **({"model": model} if model else {})}), video, {})
     build_image_request({"prompt": "x", "model": "gpt-image-1"}, image)
-    for state, build in ((video, lambda f: build_video_request(Body(f), video, {})),
+    for _state, build in ((video, lambda f: build_video_request(Body(f), video, {})),
                          (image, lambda f: build_image_request(f, image))):
         with pytest.raises(APIError) as err:
             build({"prompt": "x", "model": "dall-e-3"})
@@ -1184,15 +1184,43 @@ def test_public_url_is_an_absolute_http_url_without_query() -> None:
     assert settings.public_url == "http://p:9"
 
 
-def test_the_openapi_schema_lists_exactly_what_the_parsers_accept_and_the_docs_table_is_current() -> None:
+def test_the_openapi_schema_lists_exactly_what_the_parsers_accept() -> None:
     """Every field the video and image parsers accept is in the route's OpenAPI schema and nothing else
-    (vLLM-Omni's own video fields come from its pydantic model), and ``docs/api-fields.md`` is the table
-    generated from them."""
+    (vLLM-Omni's own video fields come from its pydantic model); the page generated from the schema,
+    ``docs/reference/api-fields.md``, is checked in ``tests/test_reference_docs.py``."""
     from omni_ext.api import intake
 
     video = set(intake._video_request_fields()) | intake._VIDEO_OWN_FIELDS | set(intake.UPLOAD_FIELDS)
     assert set(schemas.VIDEO_CREATE["properties"]) == video
     assert set(schemas.IMAGE_GENERATE["properties"]) == intake._IMAGE_FIELDS
     assert set(schemas.VIDEO_REMIX["properties"]) == {"prompt"}
-    docs = Path(__file__).resolve().parent.parent / "docs" / "api-fields.md"
-    assert docs.read_text() == schemas.fields_markdown(), f"docs/api-fields.md is stale: {schemas.REGENERATE}"
+
+
+def test_signed_links_open_one_image_until_they_expire(tmp_path: Path) -> None:
+    """``omni_ext.api.signed``: the secret is made once (0600) and kept across restarts; a link's
+    signature covers its path and expiry; only an image's content path can be signed."""
+    import stat
+
+    from omni_ext.api import signed
+
+    secret = signed.load_secret(tmp_path)
+    assert len(secret) == 32 and signed.load_secret(tmp_path) == secret  # a restart keeps the links working
+    assert stat.S_IMODE((tmp_path / signed.KEY_FILE).stat().st_mode) == 0o600
+    path = "/v1/images/img_" + "a" * 32 + "/content"
+    query = signed.link_query(secret, path, now=1000.0, ttl_s=60)
+    assert signed.verify(secret, path, query, now=1059.0)
+    assert not signed.verify(secret, path, query, now=1061.0)  # expired
+    assert not signed.verify(signed.load_secret(tmp_path / "other"), path, query, now=1000.0)  # another server's
+    assert not signed.verify(secret, path.replace("a" * 32, "b" * 32), query, now=1000.0)  # another image
+    assert not signed.verify(secret, path, query.replace("expires=1060", "expires=9999"), now=1000.0)
+    assert not signed.verify(None, path, query, now=1000.0)  # signing off
+    other = "/v1/videos/video_" + "a" * 32 + "/content"
+    assert not signed.verify(secret, other, signed.link_query(secret, other, 1000.0, 60), now=1000.0)
+    for bad in ("", "expires=abc&signature=00", "signature=" + "0" * 64):
+        assert not signed.verify(secret, path, bad, now=1000.0)
+    settings = load_settings(SimpleNamespace(port=1, additional_config='{"omni_ext": {"api": {"signed_url_ttl_s": 600}}}'),
+                             {"OMNI_EXT_API_DATA_DIR": str(tmp_path)})
+    assert settings.signed_url_ttl_s == 600
+    assert load_settings(SimpleNamespace(port=1), {"OMNI_EXT_API_DATA_DIR": str(tmp_path)}).signed_url_ttl_s == 0
+    with pytest.raises(ValueError, match="signed_url_ttl_s"):
+        load_settings(SimpleNamespace(port=1), {"OMNI_EXT_API_DATA_DIR": str(tmp_path), "OMNI_EXT_API_SIGNED_URL_TTL_S": "-1"})

@@ -4,14 +4,14 @@ The family table names vLLM-Omni registry keys and agrees with vLLM-Omni on what
 registered class gets a decision that agrees with vLLM-Omni's own facts (routes by its output type,
 its batching, cancellation and CFG parallel), and where omni-ext has no tuned path, vLLM-Omni's own
 executor runs it. The rules themselves are unit-tested on made-up facts, including a class a later
-vLLM-Omni adds. ``docs/models.md`` is regenerated and compared. Pure: no server; the facts are read
-once (:func:`omni_ext.models.registry.all_facts` imports every registered pipeline module, ~12 s).
+vLLM-Omni adds. The page ``docs/reference/models.md`` is checked with the other generated pages
+(``tests/test_reference_docs.py``). Pure: no server; the facts are read once
+(:func:`omni_ext.models.registry.all_facts` imports every registered pipeline module, ~12 s).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -21,9 +21,6 @@ from omni_ext.models.families import FAMILIES, ModelFamily, NativeShape, family_
 from omni_ext.models.registry import PipelineFacts, all_facts, registry_keys
 from omni_ext.models.tiny import MODELS, PIPELINES, RELABELLED
 from omni_ext.patches import omni_version
-
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs" / "models.md"
 
 #: vLLM-Omni's registry keys, read once at collection (the ids of the per-class sweep).
 KEYS = registry_keys()
@@ -192,7 +189,7 @@ def test_decision_as_dict_is_json() -> None:
     assert set(out) == set(Decision.__dataclass_fields__)
 
 
-# ---- the matrix: omni-ext models and docs/models.md ------------------------------------------
+# ---- the matrix: omni-ext models ---------------------------------------------------------------
 def test_matrix(facts: dict[str, PipelineFacts]) -> None:
     rows = matrix.decisions(facts.values())
     assert [d.key for d in rows] == list(KEYS)
@@ -212,12 +209,6 @@ def test_matrix(facts: dict[str, PipelineFacts]) -> None:
     table = matrix.markdown_table(rows)
     assert len(table.splitlines()) == 2 + len(KEYS)
     assert all(line.count(" | ") == len(matrix.COLUMNS) for line in table.splitlines()[2:])  # one cell per column, then the reason
-
-
-def test_docs_page_is_current(facts: dict[str, PipelineFacts]) -> None:
-    page = matrix.markdown_page(matrix.decisions(facts.values()), omni_version())
-    committed = DOCS.read_text() if DOCS.is_file() else ""
-    assert committed == page, f"docs/models.md is stale: regenerate it with `{matrix.REGENERATE}`"
 
 
 def test_cli_markdown_is_the_page(facts: dict[str, PipelineFacts], capsys: pytest.CaptureFixture[str]) -> None:

@@ -198,15 +198,32 @@ def test_videos_belong_to_the_key_that_made_them(server_pool) -> None:
     assert owners <= {HA, HB, key_hash(ADMIN)}
 
 
-def test_image_links_work_for_their_owner_only(server_pool) -> None:
+def test_image_links_work_for_their_owner_only_unless_signed(server_pool) -> None:
+    """A plain image link needs its owner's (or an admin's) key; the signed link the server returns
+    (``omni_ext.api.signed_url_ttl_s`` 600 on this server) loads with no key at all, as in an ``<img>``
+    tag, and opens nothing but that image: a changed signature or another image's path is refused."""
     server = server_pool.get("qwen-cfg2")
     body = {"prompt": "a lighthouse", "size": "32x32", "num_inference_steps": 2, "seed": 5, "response_format": "url"}
-    resp = openai.OpenAI(base_url=server.url + "/v1", api_key=A, max_retries=0).images.generate(
-        model=requests.get(server.url + "/v1/models", headers=h(A), timeout=30).json()["data"][0]["id"],
-        **{k: v for k, v in body.items() if k in ("prompt", "size", "response_format")},
-        extra_body={"num_inference_steps": 2, "seed": 5})
-    url = resp.data[0].url
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key=A, max_retries=0)
+    model = requests.get(server.url + "/v1/models", headers=h(A), timeout=30).json()["data"][0]["id"]
+    resp = client.images.generate(model=model, **{k: v for k, v in body.items() if k in ("prompt", "size", "response_format")},
+                                  extra_body={"num_inference_steps": 2, "seed": 5})
+    link = resp.data[0].url
+    url, _, query = link.partition("?")
+    params = dict(p.split("=", 1) for p in query.split("&"))
+    assert set(params) == {"expires", "signature"}, link
+    assert 590 <= int(params["expires"]) - time.time() <= 601
     assert requests.get(url, headers=h(A), timeout=30).content[:4] == b"\x89PNG"
     _not_found(requests.get(url, headers=h(B), timeout=30))
     assert requests.get(url, headers=h(ADMIN), timeout=30).status_code == 200
     assert requests.get(url, timeout=30).status_code == 401  # vLLM's key check still comes first
+    keyless = requests.get(link, timeout=30)  # what an <img src> does
+    assert keyless.status_code == 200 and keyless.content[:4] == b"\x89PNG", keyless.text[:300]
+    assert keyless.content == requests.get(url, headers=h(A), timeout=30).content
+    forged = link[:-4] + ("0000" if not link.endswith("0000") else "1111")
+    refused = requests.get(forged, timeout=30)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    other = client.images.generate(model=model, prompt="a harbour", size="32x32", response_format="url",
+                                   extra_body={"num_inference_steps": 2, "seed": 6}).data[0].url.partition("?")[0]
+    assert requests.get(f"{other}?{query}", timeout=30).status_code == 401  # the signature names one image
+    assert requests.get(f"{server.url}/v1/videos?{query}", timeout=30).status_code == 401  # and no other path

@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping
 
 from omni_ext.api import limits
 from omni_ext.api.errors import APIError, retry_headers
+from omni_ext.scheduler.config import Option
 
 logger = logging.getLogger("omni_ext.api")
 
@@ -61,29 +62,50 @@ class BodyLimits:
     min_rate: float = limits.BODY_MIN_RATE_KIB_S * 1024  # bytes per second; 0: no rate rule
 
 
-#: setting key -> (env override, default, factor to the :class:`BodyLimits` unit, field)
-SETTINGS: dict[str, tuple[str, float, float, str]] = {
-    "max_body_memory_mb": ("OMNI_EXT_API_MAX_BODY_MEMORY_MB", limits.MAX_BODY_MEMORY_MB, 2**20, "memory_bytes"),
-    "body_wait_s": ("OMNI_EXT_API_BODY_WAIT_S", limits.BODY_WAIT_S, 1, "wait_s"),
-    "header_timeout_s": ("OMNI_EXT_API_HEADER_TIMEOUT_S", limits.HEADER_TIMEOUT_S, 1, "header_timeout_s"),
-    "body_timeout_s": ("OMNI_EXT_API_BODY_TIMEOUT_S", limits.BODY_TIMEOUT_S, 1, "body_timeout_s"),
-    "body_min_rate_kib_s": ("OMNI_EXT_API_BODY_MIN_RATE_KIB_S", limits.BODY_MIN_RATE_KIB_S, 1024, "min_rate"),
-}
+@dataclass(frozen=True)
+class BodySetting(Option):
+    """An ``omni_ext.api`` setting of these bounds, and how it becomes a :class:`BodyLimits` field."""
+
+    factor: float = 1  # to the field's unit
+    attr: str = ""  # the :class:`BodyLimits` field
+
+
+#: The ``omni_ext.api`` settings of the bounds (rows of :data:`omni_ext.api.settings.SETTINGS`).
+SETTINGS: tuple[BodySetting, ...] = (
+    BodySetting("max_body_memory_mb", "number", limits.MAX_BODY_MEMORY_MB,
+                "MiB of request bodies held in memory at once on omni-ext's upload routes; each body reserves its "
+                "declared length (`max_upload_mb` when it declares none) before a byte of it is read. At least "
+                "`max_upload_mb`.", "OMNI_EXT_API_MAX_BODY_MEMORY_MB", 2**20, "memory_bytes"),
+    BodySetting("body_wait_s", "number", limits.BODY_WAIT_S,
+                "Seconds a body waits for room in that memory before a 503 `server_busy` with `Retry-After`.",
+                "OMNI_EXT_API_BODY_WAIT_S", 1, "wait_s"),
+    BodySetting("header_timeout_s", "number", limits.HEADER_TIMEOUT_S,
+                "Seconds from a connection (or the end of the previous response) to the end of a request's "
+                "headers; past it, 408 and the connection closes. 0: no limit.",
+                "OMNI_EXT_API_HEADER_TIMEOUT_S", 1, "header_timeout_s"),
+    BodySetting("body_timeout_s", "number", limits.BODY_TIMEOUT_S,
+                "The longest silence inside a body, and the seconds a body may take on top of its bytes at "
+                "`body_min_rate_kib_s`; past either, 408 and the connection closes. 0: no limit.",
+                "OMNI_EXT_API_BODY_TIMEOUT_S", 1, "body_timeout_s"),
+    BodySetting("body_min_rate_kib_s", "number", limits.BODY_MIN_RATE_KIB_S,
+                "The slowest sustained upload accepted, in KiB/s. 0: no rate rule.",
+                "OMNI_EXT_API_BODY_MIN_RATE_KIB_S", 1024, "min_rate"),
+)
 
 
 def load_body_limits(cfg: Mapping[str, Any], env: Mapping[str, str], max_upload_bytes: int) -> BodyLimits:
     """The bounds from ``--additional-config`` ``omni_ext.api`` (``cfg``) with environment overrides. A budget
     smaller than one upload could never admit a full-size body: that is a configuration error."""
     values: dict[str, Any] = {}
-    for key, (var, default, factor, name) in SETTINGS.items():
-        raw = env.get(var) or cfg.get(key, default)
+    for s in SETTINGS:
+        raw = env.get(s.env) or cfg.get(s.key, s.default)
         try:
             value = float(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"omni_ext.api.{key} must be a number, not {raw!r}") from None
+            raise ValueError(f"omni_ext.api.{s.key} must be a number, not {raw!r}") from None
         if value < 0:
-            raise ValueError(f"omni_ext.api.{key} must be 0 or more, not {raw!r}")
-        values[name] = int(value * factor) if name == "memory_bytes" else value * factor
+            raise ValueError(f"omni_ext.api.{s.key} must be 0 or more, not {raw!r}")
+        values[s.attr] = int(value * s.factor) if s.attr == "memory_bytes" else value * s.factor
     if values["memory_bytes"] < max_upload_bytes:
         raise ValueError(f"omni_ext.api.max_body_memory_mb ({values['memory_bytes'] / 2**20:g} MiB) is smaller than "
                          f"one upload (max_upload_mb, {max_upload_bytes / 2**20:g} MiB): no full-size body could be read")

@@ -27,6 +27,7 @@ from omni_ext.api.errors import APIError, StorageError, generation_error, storag
 from omni_ext.api.intake import ImageReply, read_image_request
 from omni_ext.api.jobs import Job, JobSpec
 from omni_ext.api.state import ApiState, admitting_state, engine_client, get_state, now
+from omni_ext.api.tenants import Tenant
 
 logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
@@ -75,7 +76,8 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
                     stored.append(job)  # first: a failed write below still removes its file
                     await state.write_media(name, blob)
                     state.store.add(job)
-                    data.append({"url": f"{base}/v1/images/{image_id}/content", "revised_prompt": None})
+                    link = state.signed_link(f"/v1/images/{image_id}/content")  # keyless for <img> when signed
+                    data.append({"url": base + link, "revised_prompt": None})
         except StorageError:  # all of the request's images or none: no url the client never got stays behind
             for job in stored:
                 state.remove_media(job)
@@ -131,6 +133,9 @@ async def image_variations(request: Request) -> JSONResponse:
 @router.get("/v1/images/{image_id}/content")
 async def image_content(request: Request, image_id: str) -> Response:
     state = get_state(request)
-    job = state.find_job("image", image_id, state.tenant(request))
+    path = request.scope["path"].removeprefix(request.scope.get("root_path", ""))
+    # a signed link is a capability (omni_ext.api.signed): it opens this one image to whoever holds it
+    tenant = Tenant(owner=None, admin=True) if state.signed_request(path, request.url.query) else state.tenant(request)
+    job = state.find_job("image", image_id, tenant)
     data = await state.read_media(job, "image", f"Image {image_id}")
     return Response(data, media_type=job.meta.get("content_type", "image/png"))

@@ -2,8 +2,9 @@
 
 The request checks (:mod:`omni_ext.api.intake`), the routes and the OpenAPI schemas
 (:mod:`omni_ext.api.schemas`) all read these names, so what the schema documents is what the
-server enforces (``tests/test_api_units.py`` checks both against each other). Bounds that depend on the served model (the spatial multiple, a scheduler's minimum step
-count) come from :func:`omni_ext.api.validation.limits_for_model` instead.
+server enforces (``tests/test_api_units.py`` checks both against each other). Bounds that depend
+on the served model (the spatial multiple, a scheduler's minimum step count) come from
+:func:`omni_ext.api.validation.limits_for_model` instead.
 
 Pure constants: importable without FastAPI or vLLM-Omni.
 """
@@ -33,14 +34,14 @@ MAX_PROMPT_TOKENS = 4096
 QUALITY_STEPS = {"low": 0.25, "medium": 0.5, "standard": 0.5, "high": 1.0, "hd": 1.0}
 #: The end user's id a request may carry (``user``, and its successor ``safety_identifier``): recorded, bounded.
 MAX_USER_CHARS = 256
-MAX_FRAMES = 2049
+MAX_FRAMES = 2049  # ``num_frames`` of a video
 MAX_OUTPUTS = 10  # images per request (``n``)
 MAX_PIXELS = 7680 * 4320  # width x height
 SIZE_DIGITS = 5  # at most this many digits per side in ``size=WIDTHxHEIGHT``
 
 #: OpenAI's ``seconds`` (a string), mapped to frames at the model's fps.
 MAX_SECONDS = 60
-MAX_FPS = 240
+MAX_FPS = 240  # ``fps`` of a video
 #: Seeds every generator accepts (NumPy's legacy seeding stops at 2**32 - 1); random seeds are drawn
 #: from the same range.
 MAX_SEED = 2**32 - 1
@@ -52,7 +53,7 @@ MAX_PLACEMENTS_PAGE = 1000  # ``limit`` of ``GET /v1/omni_ext/placements``
 MIN_PRIORITY = -1000
 MAX_PRIORITY = 1000
 
-# ---- bodies and slow clients (defaults; settings ``omni_ext.api.*``: :mod:`omni_ext.api.bodies`) -------------
+# ---- Bodies and slow clients: the defaults of the ``omni_ext.api`` settings named (:mod:`omni_ext.api.bodies`) ----
 #: Upload bytes of one request body (``max_upload_mb``): past it, 413 before the rest is read.
 MAX_UPLOAD_MB = 32
 #: Request bodies held in memory at once on omni-ext's upload routes (``max_body_memory_mb``), reserved

@@ -6,7 +6,7 @@ these; they are declared here to match what the parsers accept, and every bound 
 vLLM-Omni's own ``VideoGenerationRequest`` that ``/v1/videos`` passes through and omni-ext does not
 describe itself are taken from that pydantic model's JSON schema (:func:`_vllm_omni_video_fields`),
 so that the schema lists exactly what the parser accepts (``tests/test_api_units.py`` compares
-them). ``python -m omni_ext.api.schemas`` writes ``docs/api-fields.md`` from them.
+them). :func:`fields_markdown` is the reference page ``docs/reference/api-fields.md`` (:mod:`omni_ext.reference`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from omni_ext.api.limits import (
     MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_PROMPT_CHARS, MAX_SECONDS, MAX_SEED,
     MAX_STEPS, MAX_USER_CHARS, MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_PRIORITY, MIN_STEPS, QUALITY_STEPS, SIZE_DIGITS,
 )
+from omni_ext.reference import REGENERATE
 
 
 def integer_pattern(hi: int) -> str:
@@ -189,8 +190,6 @@ OPENAI_FIELDS = {
                                     "output_compression", "quality", "style", "background", "moderation", "user",
                                     "safety_identifier", "stream", "partial_images"},
 }
-#: The command that writes the table (``docs/api-fields.md``, or the file it is given).
-REGENERATE = "python -m omni_ext.api.schemas"
 
 
 def _bounds(prop: dict[str, Any]) -> str:
@@ -218,7 +217,7 @@ def _bounds(prop: dict[str, Any]) -> str:
 
 
 def fields_markdown() -> str:
-    """``docs/api-fields.md``: every request field of ``/v1/videos`` and ``/v1/images/generations``, its
+    """``docs/reference/api-fields.md``: every request field of ``/v1/videos`` and ``/v1/images/generations``, its
     type and bounds, and how an SDK sends it (OpenAI's own fields as arguments, extensions in ``extra_body``)."""
     lines = ["# Request fields", "",
              f"Generated from `omni_ext/api/schemas.py` (the OpenAPI schema, equal to what the parsers accept); "
@@ -238,10 +237,3 @@ def fields_markdown() -> str:
             lines.append(f"| `{name}` | {_bounds(prop)} | {how} | {what} |")
         lines.append("")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    import sys
-    from pathlib import Path
-
-    Path(sys.argv[1] if len(sys.argv) > 1 else "docs/api-fields.md").write_text(fields_markdown())

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from omni_ext.api import media
 from omni_ext.api.errors import APIError, StorageError, bad_request, not_found, retry_headers, storage
 from omni_ext.api.intake import ID_RE, ModelLimits
-from omni_ext.api import tokens
+from omni_ext.api import signed, tokens
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.tokens import PromptTokens
 from omni_ext.scheduler.layout import ServerLayout, diffusion_stage, server_layout
@@ -97,9 +97,24 @@ class ApiState:
     #: last, at most ``MAX_REQUEST_OWNERS``
     request_owners: OrderedDict[str, str | None] = field(default_factory=OrderedDict)
 
+    #: the secret of signed ``url`` links (:mod:`omni_ext.api.signed`); None: links need the key
+    url_secret: bytes | None = None
+
     def __post_init__(self) -> None:
         if self.archive is None:
             self.archive = RequestArchive(self.settings.data_dir / "requests")
+        if self.settings.signed_url_ttl_s and self.url_secret is None:
+            self.url_secret = signed.load_secret(self.settings.data_dir)
+
+    def signed_link(self, path: str) -> str:
+        """``path`` with the query that opens it without a key, when links are signed; else ``path``."""
+        if self.url_secret is None:
+            return path
+        return f"{path}?{signed.link_query(self.url_secret, path, time.time(), self.settings.signed_url_ttl_s)}"
+
+    def signed_request(self, path: str, query: str) -> bool:
+        """Whether a request for ``path`` carries a valid, unexpired signature for it."""
+        return signed.verify(self.url_secret, path, query, time.time())
 
     def tenant(self, request: Request) -> Tenant:
         """The caller of ``request`` (:mod:`omni_ext.api.tenants`), as omni-ext's route resolved it before the

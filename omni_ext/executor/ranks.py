@@ -38,7 +38,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Hashable, MutableSequence
@@ -47,7 +46,7 @@ from typing import Any
 
 from vllm_omni.diffusion.data import DiffusionOutput
 
-from omni_ext import progress
+from omni_ext import environment, progress
 from omni_ext.executor import protocol
 from omni_ext.executor.role import PAUSE, board_size, pause_token
 from omni_ext.scheduler import batching, cost, placement, preempt
@@ -140,7 +139,7 @@ class RankQueue:
     def __init__(
         self, layout: Layout, sched: SchedulerConfig, *, model_arch: str | None, tuned_model: bool, cfg_mode: CfgMode,
         send: Callable[[int, protocol.Message], None], cancel_slots: MutableSequence[int], small_warmup: bool = False,
-        units: placement.Units = placement.Units(), preempt_refusal: str | None = None,
+        units: placement.Units = placement.ONE_PROCESS_UNITS, preempt_refusal: str | None = None,
         batch_key: Callable[[Any], Hashable] | None = None, engine_settles: bool = False,
     ) -> None:
         self.layout, self.sched, self.cfg_mode, self.units = layout, sched, cfg_mode, units
@@ -880,7 +879,7 @@ def resolve(job: Job, out: DiffusionOutput) -> None:
 def _small_warmup(req: Any) -> Any:
     """vLLM-Omni warms up at 512x512; on a CPU host every worker would spend a minute on it.
     There the warm-up runs at ``OMNI_EXT_CPU_WARMUP_SIZE`` (default 64) pixels a side."""
-    side = int(os.environ.get("OMNI_EXT_CPU_WARMUP_SIZE", "64"))
+    side = int(environment.value("OMNI_EXT_CPU_WARMUP_SIZE"))
     req = copy.copy(req)
     req.sampling_params = copy.deepcopy(req.sampling_params)
     sp = req.sampling_params

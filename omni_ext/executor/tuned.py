@@ -80,7 +80,7 @@ from vllm.v1.engine.exceptions import EngineDeadError
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.executor.abstract import DiffusionExecutor
 
-from omni_ext import progress
+from omni_ext import environment, progress
 from omni_ext.executor import ascend, protocol, start
 from omni_ext.executor.ranks import Job, RankQueue, resolve
 from omni_ext.executor.role import new_board
@@ -92,7 +92,7 @@ from omni_ext.scheduler.respawn import RespawnBudget, Watchdog, watchdog_action
 
 logger = logging.getLogger("omni_ext.executor")
 
-_READY_TIMEOUT_S = float(os.environ.get("OMNI_EXT_WORKER_READY_TIMEOUT_S", "1800"))
+_READY_TIMEOUT_S = float(environment.value("OMNI_EXT_WORKER_READY_TIMEOUT_S"))
 #: Held while a worker group is started: its environment is set in this process's ``os.environ``.
 _STARTS = threading.Lock()
 #: A job's message at least this large goes to the job's processes at once (TunedExecutor._post);

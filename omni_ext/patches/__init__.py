@@ -181,7 +181,9 @@ PATCHES: tuple[Patch, ...] = (
         target="vllm.entrypoints.serve.middleware.authenticate:AuthenticationMiddleware.__call__",
         why=(
             "With --api-key, vLLM answers a missing or wrong key with 401 {\"error\": \"Unauthorized\"}, "
-            "which OpenAI SDKs cannot parse (no error.message). Same check and status, OpenAI-shaped body."
+            "which OpenAI SDKs cannot parse (no error.message). Same check and status, OpenAI-shaped body. "
+            "Also lets a signed, unexpired image link in without a key (omni_ext.api.signed: an <img> tag "
+            "cannot send one; on only when omni_ext.api.signed_url_ttl_s is set; omni-ext's own, not upstream)."
         ),
         versions="==0.30.0",
         where="api",

@@ -28,11 +28,11 @@ every poll that finds an output mark the loops hot.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import types
 import weakref
 
+from omni_ext import environment
 from omni_ext.patches import patch_attr
 
 _POLL_S = 0.001  # the cadence vLLM-Omni polls at when idle
@@ -59,9 +59,9 @@ def nothing_in_flight() -> bool:
 
 class _PollClock:
     def __init__(self) -> None:
-        self.hot_s = float(os.environ.get("OMNI_EXT_POLL_HOT_MS", "50")) / 1000.0
-        self.idle_s = float(os.environ.get("OMNI_EXT_POLL_IDLE_MS", "10")) / 1000.0
-        self.deep_s = float(os.environ.get("OMNI_EXT_POLL_DEEP_IDLE_MS", "100")) / 1000.0
+        self.hot_s = float(environment.value("OMNI_EXT_POLL_HOT_MS")) / 1000.0
+        self.idle_s = float(environment.value("OMNI_EXT_POLL_IDLE_MS")) / 1000.0
+        self.deep_s = float(environment.value("OMNI_EXT_POLL_DEEP_IDLE_MS")) / 1000.0
         self.last_activity = time.monotonic()
 
     def touch(self) -> None:

@@ -12,6 +12,8 @@ import logging
 import os
 from pathlib import Path
 
+from omni_ext import environment
+
 logger = logging.getLogger("omni_ext.platform")
 
 ENV_SWITCH = "OMNI_EXT_CPU_PLATFORM"
@@ -21,7 +23,7 @@ CPU_PLATFORM_QUALNAME = "omni_ext.platform.cpu.CpuOmniPlatform"
 def switch_value(environ: dict[str, str] | None = None) -> str:
     """``auto`` (default), ``1`` (force on) or ``0`` (off), from ``OMNI_EXT_CPU_PLATFORM``."""
     env = os.environ if environ is None else environ
-    raw = env.get(ENV_SWITCH, "auto").strip().lower()
+    raw = environment.value(ENV_SWITCH, env).strip().lower()
     if raw in ("0", "false", "off", "no"):
         return "0"
     if raw in ("1", "true", "on", "yes", "force"):

@@ -1,7 +1,7 @@
 """The request scheduler's options, read from vLLM-Omni's own channel:
 ``--additional-config '{"omni_ext": {"scheduler": {...}}}'`` (or ``additional_config:`` in a deploy
-YAML / a preset). Every option, its default and why that default, in one place; the README's
-scheduler section lists the same table.
+YAML / a preset). Every option, its default and why that default, in one place; the reference page
+``docs/reference/additional-config.md`` is generated from these classes and tables (:mod:`omni_ext.reference`).
 """
 
 from __future__ import annotations
@@ -134,6 +134,32 @@ def omni_ext_section(additional_config: Any) -> dict[str, Any]:
         raw = json.loads(raw) if raw.strip() else {}
     section = (raw or {}).get("omni_ext") if isinstance(raw, dict) else None
     return section if isinstance(section, dict) else {}
+
+
+@dataclass(frozen=True)
+class Option:
+    """A key of the ``omni_ext`` object that no options dataclass declares (the keys beside its sections,
+    and ``omni_ext.api``'s: :data:`omni_ext.api.settings.SETTINGS`), as a row the reference page
+    ``docs/reference/additional-config.md`` is generated from."""
+
+    key: str
+    type: str  # its JSON type, in words
+    default: Any  # what the reader uses when the key is not set (None: nothing, or computed: see ``meaning``)
+    meaning: str
+    env: str | None = None  # the environment variable that overrides it
+
+
+#: The keys of the ``omni_ext`` object beside its sections (``api``, ``scheduler``, ``healing``:
+#: :func:`omni_ext.reference.sections`).
+OPTIONS: tuple[Option, ...] = (
+    Option("data_parallel_size", "integer >= 1", None,
+           "Data-parallel groups of the TunedExecutor, each a whole CFG x SP group that serves requests of its "
+           "own (the `dp-world` patch gives vLLM-Omni's stage the same size); unset: the stage's own "
+           "`data_parallel_size`."),
+    Option("worker_start", '`"spawn"` or `"forkserver"`', None,
+           "How the TunedExecutor starts its worker processes; unset: `forkserver` on the CPU platform (one "
+           "process imports torch and vLLM-Omni once and every worker forks from it), `spawn` on a device."),
+)
 
 
 def scheduler_config(additional_config: Any, cache_backend: str | None = None) -> SchedulerConfig:

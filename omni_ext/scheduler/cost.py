@@ -12,6 +12,8 @@ import math
 import os
 from collections.abc import Mapping
 
+from omni_ext import environment
+
 
 #: Weight of the newest measurement in the running average of seconds per unit.
 RATE_WEIGHT = 0.3
@@ -33,13 +35,13 @@ def job_time_limit_s(units: float, sec_per_unit: float | None, environ: Mapping[
     once by the process monitor).
     """
     env = os.environ if environ is None else environ
-    fixed = env.get("OMNI_EXT_JOB_TIMEOUT_S")
+    fixed = environment.value("OMNI_EXT_JOB_TIMEOUT_S", env)
     if fixed:
         return float(fixed)
     if sec_per_unit is None or not math.isfinite(sec_per_unit) or sec_per_unit <= 0:
         return None
-    factor = float(env.get("OMNI_EXT_JOB_TIMEOUT_FACTOR", "10"))
-    floor = float(env.get("OMNI_EXT_JOB_TIMEOUT_MIN_S", "120"))
+    factor = float(environment.value("OMNI_EXT_JOB_TIMEOUT_FACTOR", env))
+    floor = float(environment.value("OMNI_EXT_JOB_TIMEOUT_MIN_S", env))
     return max(floor, factor * units * sec_per_unit)
 
 

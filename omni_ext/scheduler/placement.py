@@ -158,6 +158,10 @@ class Units:
         return [u for u in layout.ranks if all(busy.get(p) is None for p in self.ranks_of(u))]
 
 
+#: One process a unit (no tensor or sequence parallel): the default.
+ONE_PROCESS_UNITS = Units()
+
+
 class Queued(Protocol):
     """A queued job as placement sees it (the executor's job objects)."""
 
