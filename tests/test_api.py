@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import socket
+import shutil
 import subprocess
 import sys
 import time
@@ -24,17 +25,34 @@ from tests.media import decode_mp4, decode_png
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-omni-ext-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-OLD_SDK = ROOT / ".venv" / "openai-2.26"
+#: openai-python releases beside the venv's current one (the newest 3.x): 2.26, the last that sends
+#: ``videos.create`` as JSON, and 3.57; scripts/setup.sh installs each into ``.venv/openai-<version>``.
+PINNED_SDKS = ("2.26", "3.57")
+#: openai-node, the newest (scripts/setup.sh installs it into ``.venv/openai-node``).
+NODE_SDK = ROOT / ".venv" / "openai-node"
 TINY = {"prompt": "a lantern in the fog", "negative_prompt": "blurry", "num_inference_steps": 2, "seed": 9}
 
 
-def run_sdk(mode: str, server, key: str, old: bool = False) -> dict:
+def run_sdk(mode: str, server, key: str, sdk: str = "current") -> dict:
+    """``tests/sdk_client.py`` under openai-python ``sdk`` (``current``: the venv's; else a pinned one)."""
     env = {**os.environ}
-    if old:
-        assert OLD_SDK.is_dir(), "scripts/setup.sh installs openai 2.26 into .venv/openai-2.26"
-        env["PYTHONPATH"] = f"{OLD_SDK}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sdk_client.py"), mode, server.url, key],
-                          capture_output=True, text=True, timeout=600, env=env)
+    if sdk != "current":
+        where = ROOT / ".venv" / f"openai-{sdk}"
+        assert where.is_dir(), f"scripts/setup.sh installs openai {sdk} into {where}"
+        env["PYTHONPATH"] = f"{where}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    return _report([sys.executable, str(ROOT / "tests" / "sdk_client.py"), mode, server.url, key], env)
+
+
+def run_node(mode: str, server, key: str) -> dict:
+    """``tests/node_client.mjs`` under openai-node."""
+    assert shutil.which("node") and (NODE_SDK / "node_modules" / "openai").is_dir(), \
+        "scripts/setup.sh installs node and openai-node into .venv/openai-node"
+    return _report(["node", str(ROOT / "tests" / "node_client.mjs"), mode, server.url, key],
+                   {**os.environ, "OPENAI_NODE_DIR": str(NODE_SDK)})
+
+
+def _report(cmd: list[str], env: dict[str, str]) -> dict:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads(lines[-1][len("REPORT "):])
@@ -58,12 +76,13 @@ def assert_openai_error(resp: requests.Response, status: int) -> dict:
 
 
 # ---- SDKs ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("old", [False, True], ids=["sdk-current", "sdk-2.26"])
-def test_openai_sdk_videos(server_pool, old: bool) -> None:
-    r = run_sdk("videos", server_pool.get("wan-api"), KEY, old=old)
-    if old:
+@pytest.mark.parametrize("sdk", ["current", *PINNED_SDKS], ids=lambda v: f"sdk-{v}")
+def test_openai_sdk_videos(server_pool, sdk: str) -> None:
+    r = run_sdk("videos", server_pool.get("wan-api"), KEY, sdk=sdk)
+    if sdk == "2.26":
         assert r["sdk"] == "2.26.0" and r["create_content_type"] == "application/json"
     else:
+        assert r["sdk"].startswith(f"{sdk}.") or sdk == "current", r["sdk"]
         assert int(r["sdk"].split(".")[0]) >= 3 and r["create_content_type"] == "multipart/form-data"
     assert r["created_status"] in ("queued", "in_progress")
     assert r["first"]["status"] == "completed" and r["first"]["progress"] == 100 and r["first"]["size"] == "32x32"
@@ -90,9 +109,10 @@ def test_openai_sdk_videos(server_pool, old: bool) -> None:
     assert "multiple of 16" in bad.get("error", bad)["message"]  # the SDK exposes the error object
 
 
-@pytest.mark.parametrize("old", [False, True], ids=["sdk-current", "sdk-2.26"])
-def test_openai_sdk_images(server_pool, old: bool) -> None:
-    r = run_sdk("images", server_pool.get("qwen"), "unused", old=old)
+@pytest.mark.parametrize("sdk", ["current", *PINNED_SDKS], ids=lambda v: f"sdk-{v}")
+def test_openai_sdk_images(server_pool, sdk: str) -> None:
+    r = run_sdk("images", server_pool.get("qwen"), "unused", sdk=sdk)
+    assert sdk == "current" or r["sdk"].startswith(f"{sdk}."), r["sdk"]
     assert r["b64_count"] == 2 and all(h == "89504e470d0a1a0a" for h in r["b64_pngs"])
     assert r["size"] == "32x32"
     assert "/v1/images/img_" in r["url"] and r["url"].endswith("/content")
@@ -100,6 +120,28 @@ def test_openai_sdk_images(server_pool, old: bool) -> None:
     # Same seed, same request: the image behind the url is the first b64 image, byte for byte.
     assert base64.b64decode(r["url_bytes_b64"]) == base64.b64decode(r["b64_first"])
     assert decode_png(base64.b64decode(r["b64_first"])).shape[:2] == (32, 32)
+
+
+def test_openai_node_sdk_videos_and_images(server_pool) -> None:
+    """The newest openai-node against the same routes: a video created (its SDK always sends multipart),
+    polled, listed, downloaded with each variant, remixed to the same bytes and deleted; an image as
+    b64_json and as a url link, the same bytes for the same seed; errors the SDK turns into its own
+    exception classes. Extension fields ride in the params object beside OpenAI's."""
+    r = run_node("videos", server_pool.get("wan-api"), KEY)
+    assert int(r["sdk"].split(".")[0]) >= 6, r["sdk"]
+    done = r["done"]
+    assert done["status"] == "completed" and done["size"] == "48x32" and done["seconds"] == "1", done
+    assert done["id"] in r["listed_ids"]
+    assert r["video_head"] == "ftyp" and r["video_len"] > 500 and r["thumb_head"] == "RIFFWEBP"
+    assert r["sheet_head"] == "ffd8ff"  # a JPEG
+    assert r["remix"]["remixed_from_video_id"] == done["id"] and r["remix_same_bytes"], r["remix"]
+    assert r["deleted"]["deleted"] is True and r["after_delete"]["status"] == 404
+    bad = r["bad_request"]
+    assert bad["status"] == 400 and bad["name"] == "BadRequestError" and "multiple of 16" in bad["error"]["message"], bad
+    img = run_node("images", server_pool.get("qwen"), "unused")
+    assert img["b64_count"] == 2 and img["size"] == "32x32" and "/v1/images/img_" in img["url"]
+    assert base64.b64decode(img["url_bytes_b64"]) == base64.b64decode(img["b64_first"])  # same seed, same bytes
+    assert img["bad_request"]["status"] == 400 and img["bad_request"]["error"]["param"] == "quality", img["bad_request"]
 
 
 # ---- vLLM-Omni-style clients ---------------------------------------------------------------------
