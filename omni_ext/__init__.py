@@ -4,4 +4,5 @@ Everything is wired from :mod:`omni_ext.plugin` through Python entry points; imp
 is cheap and has no side effects.
 """
 
+#: The one place the version is kept: pyproject.toml reads it ([tool.setuptools.dynamic]).
 __version__ = "0.1.0"

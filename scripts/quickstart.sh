@@ -4,6 +4,9 @@
 # points, and CFG parallel across two worker processes on this CPU, run by omni-ext's TunedExecutor
 # (EXECUTOR=stock uses vLLM-Omni's own multi-process executor instead). Prints a ready-to-paste request
 # once the server answers.
+# Usage: scripts/quickstart.sh [--device auto|cpu|ascend|cuda]: the set-up's (scripts/setup.sh --help). On an
+# Ascend or NVIDIA host it stops before anything is installed, with the commands for that host's stack
+# (exit 3); --device cpu runs the CPU quickstart there anyway.
 # Environment: PORT (8091), MODEL (wan2.1-t2v | qwen-image), MODEL_DIR (.cache/models/tiny-$MODEL),
 # CFG (2), EXECUTOR (tuned | stock), EXTRA_ARGS.
 set -euo pipefail
@@ -13,7 +16,15 @@ MODEL="${MODEL:-wan2.1-t2v}"
 MODEL_DIR="${MODEL_DIR:-$ROOT/.cache/models/tiny-$MODEL}"
 CFG="${CFG:-2}"
 EXECUTOR="${EXECUTOR:-tuned}"
-"$ROOT/scripts/setup.sh"
+setup_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) setup_args+=(--device "${2:-}"); shift $(( $# > 1 ? 2 : 1 )) ;;
+    --device=*) setup_args+=("$1"); shift ;;
+    *) echo "[quickstart] unknown argument: $1 (only --device auto|cpu|ascend|cuda)" >&2; exit 2 ;;
+  esac
+done
+"$ROOT/scripts/setup.sh" "${setup_args[@]}"
 export PATH="$ROOT/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ ! -f "$MODEL_DIR/model_index.json" ]; then
   echo "[quickstart] building tiny $MODEL at $MODEL_DIR"

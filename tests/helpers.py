@@ -389,10 +389,10 @@ def own_servers(model: Path, workdir: Path, specs: dict[str, tuple[list[str], di
     starts overlap on the two cores), or adopted from :func:`prestart`, and stopped afterwards; each has
     its storage and API data directory under ``workdir / name`` (a prestarted one: under the directory
     it was started in) and one thread per process unless its env says otherwise (``deploy``: a deploy
-    YAML for each; ``ready=False``: not waited for, a test of a refused start). Their tests are marked ``server`` and do not use ``server_pool``, so conftest runs
-    them before the shared pool is up (the pool alone holds ~19 GiB of the host's 24). A test that kills
-    or restarts a server takes one of these for itself alone: none other shares it, so none depends on
-    running before it."""
+    YAML for each; ``ready=False``: not waited for, a test of a refused start). Their tests are marked
+    ``server`` and do not use ``server_pool``, so conftest runs them before the shared pool is up (the
+    pool alone holds ~19 GiB of the host's 24). A test that kills or restarts a server takes one of these
+    for itself alone: none other shares it, so none depends on running before it."""
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
         pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts a vllm-omni server of its own")
     procs: dict[str, ServeProcess] = {}

@@ -309,7 +309,7 @@ def test_slow_clients_cut_off_and_bodies_bounded_in_memory_while_others_are_serv
     # the slow ones are cut off near their time-outs
     results = {"header": header_slow.response(), "body": body_slow.response()}
     results.update({f"holder{i}": h.response() for i, h in enumerate(holders)})
-    for name, (status, headers, body, when) in results.items():
+    for name, (status, _headers, body, when) in results.items():
         assert status == 408, (name, status, body)
         assert json.loads(body)["error"]["code"] == "request_timeout", (name, body)
         assert limits.BODY_TIMEOUT_S - 1 <= when - started < limits.BODY_TIMEOUT_S + 15, (name, when - started)

@@ -289,7 +289,7 @@ def test_cfg_pair_has_no_per_step_host_sync_and_both_ranks_stop_at_the_same_step
     got: dict[int, dict[int, tuple]] = {}
     rng = random.Random(17)
     try:
-        for seq, steps, _ in plan:
+        for seq, _steps, _ in plan:
             if seq == 3:
                 board[0], board[1] = seq, seq  # the executor cancels before the ranks start
             barrier.wait(timeout=120)
@@ -356,7 +356,7 @@ def _cfg_sp_rank(rank: int, port: int, board, barrier, plan: list, results) -> N
             set_role(JobMode.SINGLE, cfg_size=2, seq=job_seq, ranks=units.ranks_of(units.unit_of(rank)),
                      sp_rank=units.sp_rank(rank))
         paused: list[int] = []
-        ROLE.pause_hook = lambda: paused.append(ROLE.step - 1)  # a pause that resumes at once
+        ROLE.pause_hook = lambda paused=paused: paused.append(ROLE.step - 1)  # a pause that resumes at once
         x, stopped = torch.arange(4, dtype=torch.float32) + rank, None
         try:
             for _ in range(steps):

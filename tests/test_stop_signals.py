@@ -4,12 +4,9 @@ drain is ``tests/test_drills.py::test_restart_with_a_full_queue_loses_no_accepte
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 # In a process of its own (a fork server is one per process): start a fork server with omni-ext's preload,
 # signal it as `kill -- -PGID` would, and fork a child from it afterwards.

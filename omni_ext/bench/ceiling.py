@@ -149,7 +149,6 @@ def _sp_worker(model: str, rank: int, world: int, cfg: int, ulysses: int, port: 
     od.master_port = port  # every rank the parent's port (each would settle its own otherwise)
     worker = DiffusionWorker(local_rank=rank, rank=rank, od_config=od)
     pipe = worker.model_runner.pipeline
-    tf = pipe.transformer
     torch.manual_seed(0)
     step = _qwen_edit_step(pipe, lat, model) if type(pipe).__name__.startswith("QwenImageEdit") else _wan_step(pipe, lat)
 

@@ -92,14 +92,16 @@ def _module_command(bsub, name: str, module: str, help: str, description: str) -
 def add_subcommands(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks on real servers (TunedExecutor vs vLLM-Omni, the request scheduler)")
     bsub = p.add_subparsers(dest="bench_command", required=True)
-    c = bsub.add_parser("cfg-parallel", help="one request at a time: one device vs stock cfg 2 vs omni-ext cfg 2 (--sp N: stock vs omni-ext on cfg 2 x ulysses N; --single-jobs: the per-job overhead grid)")
+    c = bsub.add_parser("cfg-parallel", help="one request at a time: one device vs stock cfg 2 vs omni-ext cfg 2 "
+                        "(--sp N: stock vs omni-ext on cfg 2 x ulysses N; --single-jobs: the per-job overhead grid)")
     # 80x80x17, 25 steps on the "med" tiny Wan: a CFG step ~180 ms on one thread, VAE decode + text
     # encoding ~6 % of one-device time (Wan2.1-1.3B at 832x480x81, 50 steps: 5-15 %).
     _common(c, steps=25, size="80x80", frames=17, reps=5)
     c.add_argument("--skip-ceiling", action="store_true", help="skip the no-server transformer-loop ceiling")
     c.add_argument("--model", choices=[m for m in _tiny_models() if m != "qwen-image"], default=None,
                    help="side-by-side rows for this tiny model (an image-to-video or edit one gets a reference "
-                        "image with each request; an edit model is sent image edits of --size): vLLM-Omni's executor vs the TunedExecutor on CFG 2 (x Ulysses --sp), and "
+                        "image with each request; an edit model is sent image edits of --size): vLLM-Omni's "
+                        "executor vs the TunedExecutor on CFG 2 (x Ulysses --sp), and "
                         "the bare loop of the same layout (the --sp figures)")
     c.add_argument("--sp", type=positive_int, default=1, metavar="N",
                    help="N > 1: CFG 2 x Ulysses N (2N processes), vLLM-Omni's executor vs the TunedExecutor, "

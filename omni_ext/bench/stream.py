@@ -237,7 +237,7 @@ def play(url: str, tracker: JobTracker, args, schedule: list[tuple[float, str]],
     longest = max(args.classes[k][0] * args.classes[k][1] for k in args.classes)
     ends = tracker.wait(ids, timeout=600.0 + 0.05 * longest * len(ids), progress=progress)
     out = []
-    for (at, cls), a in zip(schedule, answers):
+    for (_at, cls), a in zip(schedule, answers):
         rec: dict[str, Any] = {"cls": cls, "sent_s": round(a.sent_at - t0, 3)}
         if a.kind != "job":
             rec.update(status="refused", http=a.status, latency_s=None)
@@ -465,7 +465,7 @@ def plot(result: dict[str, Any], path: str | Path) -> None:
         if pts:
             ax.plot(*zip(*pts), marker="o", label={"slo": "omni-ext (order slo)", "fifo": "order fifo",
                                                     "stock": "stock, 2 replicas", NOPREEMPT: "slo, no preemption"}[name])
-    for name, (op, target) in GOALS.items():
+    for name, (_op, target) in GOALS.items():
         if name.startswith("stream.slo3_attainment@"):
             ax.plot([float(name.split("@")[1])], [target], marker="_", markersize=18, color="black")
     ax.set_xlabel("load (share of measured capacity)")

@@ -128,4 +128,4 @@ def apply_cancellation() -> None:
 
     apply()  # the step boundary itself
     for qualname in cancellable_classes():
-        setattr(resolve(qualname), "supports_request_cancellation", True)
+        resolve(qualname).supports_request_cancellation = True
