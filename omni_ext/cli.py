@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("model", choices=tiny.MODELS)
     p.add_argument("out_dir")
-    p.add_argument("--size", choices=tiny.SIZES, default="tiny")
+    p.add_argument("--size", choices=tiny.SIZES, default="tiny",
+                   help="the denoising transformer's preset (the text encoder and VAE stay tiny); 1.3b: "
+                        "Wan2.1-T2V-1.3B's at full width and depth (wan2.1-t2v only; 5.7 GB in float32)")
     p.add_argument("--dtype", choices=tiny.DTYPES, default="bfloat16")
     p.add_argument("--overwrite", action="store_true", help="replace an existing folder")
     p.set_defaults(func=_cmd_make_tiny_model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -720,3 +721,102 @@ def test_stream_repeat_option_keeps_every_run_and_adds_the_repeat_section(capsys
     assert st.median_by_load(results)["0.7"] == {"slo": {"slo3_attainment": 1.0}, "fifo": {"slo3_attainment": 0.5},
                                                  "stock": {"slo3_attainment": 0.4}}
     json.dumps(out, default=str)
+
+
+def test_the_full_size_wan_runs_one_server_at_a_time_and_reports_per_step_overhead_and_memory(monkeypatch) -> None:
+    """``cfg-parallel --model-size 1.3b``: Wan2.1-T2V-1.3B's transformer per worker does not leave room for
+    two servers, so stock (vLLM-Omni as it ships) is started, warmed up, measured and stopped before the
+    tuned server starts; the result gains the per-step overhead of tuned's loop and each server's memory."""
+    from omni_ext.bench import runner
+    from omni_ext.bench.common import STOCK_ENV
+
+    events: list = []
+
+    class FakeServers:
+        def __init__(self, *a, **k):
+            self.procs, self.commands = {}, {}
+
+        def start(self, specs, timeout, envs=None):
+            events.append(("start", tuple(specs), all((envs or {}).get(n) == STOCK_ENV for n in specs)))
+            self.procs.update({n: SimpleNamespace(processes=list) for n in specs})
+
+        def stop(self, *names):
+            events.append(("stop", names))
+            for n in names or list(self.procs):
+                self.procs.pop(n, None)
+
+        def url(self, name):
+            return name
+
+    def send(url, fields):
+        events.append(("request", url, fields.get("seed")))
+        return {"latency_s": 2.0 if url == "stock_sp" else 1.9,
+                "stages": {"WanPipeline.diffuse": 1.2 if url == "stock_sp" else 1.1}}
+
+    monkeypatch.setattr(runner, "setup", lambda args: ("/m", Path("/tmp"), [], {}))
+    monkeypatch.setattr(runner, "quiet_host", lambda args: {"measurement": True})
+    monkeypatch.setattr(runner, "finish_host", lambda host: None)
+    monkeypatch.setattr(runner, "Servers", FakeServers)
+    monkeypatch.setattr(runner, "_request", lambda args: (send, lambda a, seed=7: {"seed": seed}))
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    args = parse("cfg-parallel", "--json", "x.json", "--model-size", "1.3b", "--size", "64x64", "--frames", "9",
+                 "--steps", "4", "--reps", "2", "--skip-ceiling")
+    result = runner.run_cfg_parallel_sp(args)
+    starts = [e for e in events if e[0] == "start"]
+    assert starts == [("start", ("stock_sp",), True), ("start", ("tuned_sp",), False)]
+    first_tuned = events.index(("start", ("tuned_sp",), False))
+    assert ("stop", ("stock_sp",)) in events[:first_tuned]  # stock is gone before tuned starts
+    assert [e[1:] for e in events if e[0] == "request"] == [("stock_sp", 1), ("stock_sp", 7), ("stock_sp", 7),
+                                                            ("tuned_sp", 1), ("tuned_sp", 7), ("tuned_sp", 7)]
+    assert result["servers_one_at_a_time"] is True and set(result["memory"]) == {"stock_sp", "tuned_sp"}
+    assert result["per_step_overhead_ms"]["over_stock"] == pytest.approx(-25.0)  # (1.1 - 1.2) s / 4 steps
+    assert result["per_step_overhead_ms"]["over_ceiling"] is None  # no ceiling was run
+    assert runner.per_step_ms(1.3, 1.1, 4) == pytest.approx(50.0) and runner.per_step_ms(None, 1.0, 4) is None
+
+
+def test_memory_peak_counts_shared_pages_once_and_keeps_the_peak() -> None:
+    from omni_ext.bench.runner import MemoryPeak
+
+    class Proc:
+        def __init__(self, pss):
+            self.pss = pss
+
+        def memory_full_info(self):
+            if self.pss is None:
+                raise FakePsutil.Error("gone")
+            return SimpleNamespace(pss=self.pss, rss=10 * self.pss)
+
+    class FakePsutil:
+        class Error(Exception):
+            pass
+
+        used = [4 * 2**30]
+
+        @staticmethod
+        def virtual_memory():
+            return SimpleNamespace(total=24 * 2**30, available=24 * 2**30 - FakePsutil.used[0])
+
+    tree = [[Proc(2**30), Proc(2**29), Proc(None)], [Proc(2**28)]]
+    peak = MemoryPeak(SimpleNamespace(processes=lambda: tree[0]))
+    peak.sample(FakePsutil)
+    peak.server = SimpleNamespace(processes=lambda: tree[1])
+    FakePsutil.used[0] = 2 * 2**30
+    peak.sample(FakePsutil)
+    assert peak.result() == {"peak_server_pss_mb": 1536, "peak_host_used_mb": 4096}
+
+
+def test_the_1_3b_size_is_wan2_1_t2v_1_3b_s_transformer_and_only_for_it(tmp_path: Path) -> None:
+    """Wan2.1-T2V-1.3B's transformer config (30 layers, dim 1536 = 12 heads x 128, FFN 8960), built on the
+    meta device to count it; other models refuse the size."""
+    import torch
+
+    from omni_ext.models import tiny
+
+    with torch.device("meta"):
+        tf = tiny.wan_transformer("1.3b")
+    cfg = tf.config
+    assert (cfg.num_layers, cfg.num_attention_heads * cfg.attention_head_dim, cfg.ffn_dim) == (30, 1536, 8960)
+    params = sum(p.numel() for p in tf.parameters())
+    assert 1.3e9 < params < 1.5e9, params
+    with pytest.raises(ValueError, match="wan2.1-t2v only"):
+        tiny.build_tiny_model("qwen-image", tmp_path / "q", size="1.3b")

@@ -20,6 +20,7 @@ import diffusers  # noqa: E402
 
 from omni_ext.models.tiny import (  # noqa: E402
     INFO_FILE,
+    ONLY_FOR,
     MODELS,
     PIPELINES,
     QWEN_IMAGE_EDIT_TEMPLATE_PREFIX,
@@ -58,7 +59,7 @@ def test_api_constants() -> None:
     assert PIPELINES == {"wan2.1-t2v": "WanPipeline", "wan2.2-i2v": "WanImageToVideoPipeline",
                          "wan2.2-ti2v": "WanPipeline", "qwen-image": "QwenImagePipeline",
                          "qwen-image-edit": "QwenImageEditPipeline", "qwen-image-edit-plus": "QwenImageEditPlusPipeline"}
-    assert SIZES == ("tiny", "small", "med")
+    assert SIZES == ("tiny", "small", "med", "1.3b") and ONLY_FOR == {"1.3b": ("wan2.1-t2v",)}
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -7,9 +7,12 @@ import argparse
 from omni_ext.bench.common import add_quiet_options, positive_int
 
 
-def _common(p: argparse.ArgumentParser, steps: int, size: str, frames: int, reps: int) -> None:
+def _common(p: argparse.ArgumentParser, steps: int, size: str, frames: int, reps: int,
+            sizes: tuple[str, ...] = ("tiny", "small", "med")) -> None:
     p.add_argument("--json", required=True, help="write the measurements and ratios here")
-    p.add_argument("--model-size", choices=["tiny", "small", "med"], default="med", help="tiny Wan2.1 preset")
+    p.add_argument("--model-size", choices=sizes, default="med",
+                   help="tiny Wan2.1 preset" + (" (1.3b: Wan2.1-T2V-1.3B's transformer at full size, one server at a "
+                                               "time)" if "1.3b" in sizes else ""))
     p.add_argument("--size", default=size, help="WxH of the generated video")
     p.add_argument("--frames", type=int, default=frames)
     p.add_argument("--steps", type=int, default=steps)
@@ -96,7 +99,7 @@ def add_subcommands(sub) -> None:
                         "(--sp N: stock vs omni-ext on cfg 2 x ulysses N; --single-jobs: the per-job overhead grid)")
     # 80x80x17, 25 steps on the "med" tiny Wan: a CFG step ~180 ms on one thread, VAE decode + text
     # encoding ~6 % of one-device time (Wan2.1-1.3B at 832x480x81, 50 steps: 5-15 %).
-    _common(c, steps=25, size="80x80", frames=17, reps=5)
+    _common(c, steps=25, size="80x80", frames=17, reps=5, sizes=("tiny", "small", "med", "1.3b"))
     c.add_argument("--skip-ceiling", action="store_true", help="skip the no-server transformer-loop ceiling")
     c.add_argument("--model", choices=[m for m in _tiny_models() if m != "qwen-image"], default=None,
                    help="side-by-side rows for this tiny model (an image-to-video or edit one gets a reference "

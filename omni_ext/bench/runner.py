@@ -35,6 +35,7 @@ data-parallel: 8 concurrent requests (a closed burst) against
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -147,13 +148,16 @@ def diffuse_s(stages: dict[str, Any]) -> float | None:
     return float(max(vals)) if vals else None
 
 
-def sp_summary(runs: dict[str, list[dict[str, Any]]], ceiling: dict[str, Any] | None, measurement: bool) -> dict[str, Any]:
+def sp_summary(runs: dict[str, list[dict[str, Any]]], ceiling: dict[str, Any] | None, measurement: bool,
+               steps: int | None = None) -> dict[str, Any]:
     """Medians, ratios and goals of ``cfg-parallel --sp`` from its runs and ceiling (pure).
 
     tuned_vs_stock: stock's median latency / tuned's (end to end, from the client).
     tuned_vs_ceiling: the bare loop's median seconds / tuned's median ``diffuse`` stage: the same
     steps of the same layout, so 1.0 is the bare loop's speed (the one-device loop / tuned's loop is
-    then tuned's SP speedup, ``ceiling.speedup`` the best the host gives)."""
+    then tuned's SP speedup, ``ceiling.speedup`` the best the host gives).
+    per_step_overhead_ms (with ``steps``): what tuned's loop spends per denoise step over the bare loop
+    and over stock's loop (median ``diffuse`` differences / steps)."""
     lat = {k: median([r["latency_s"] for r in v]) for k, v in runs.items()}
     loop = {}
     for k, v in runs.items():
@@ -175,7 +179,64 @@ def sp_summary(runs: dict[str, list[dict[str, Any]]], ceiling: dict[str, Any] | 
         "sp_speedup_over_one_process_loop": {"tuned": ratio(one, loop.get("tuned_sp")), "stock": ratio(one, loop.get("stock_sp")),
                                              "ceiling": (ceiling or {}).get("speedup")},
         "per_rep_tuned_vs_stock": [ratio(s["latency_s"], t["latency_s"]) for s, t in zip(runs.get("stock_sp", []), runs.get("tuned_sp", []))],
+        "per_step_overhead_ms": {"over_ceiling": per_step_ms(loop.get("tuned_sp"), bare, steps),
+                                 "over_stock": per_step_ms(loop.get("tuned_sp"), loop.get("stock_sp"), steps)},
     }
+
+
+def per_step_ms(a_s: float | None, b_s: float | None, steps: int | None) -> float | None:
+    """Milliseconds per step that loop ``a_s`` takes over loop ``b_s`` (None when a figure is missing)."""
+    if a_s is None or b_s is None or not steps:
+        return None
+    return 1000.0 * (a_s - b_s) / steps
+
+
+#: Model sizes whose servers run one at a time (each worker holds Wan2.1-T2V-1.3B's transformer in
+#: float32: two servers of two workers each do not fit a 24 GiB host), so stock's and tuned's requests
+#: are measured in two blocks instead of alternated.
+SEQUENTIAL_SIZES = ("1.3b",)
+
+
+class MemoryPeak:
+    """Samples a server's process tree while it serves: the peak of its proportional set size (shared
+    pages counted once across processes) and of the host's used memory (MemTotal - MemAvailable)."""
+
+    def __init__(self, server: Any, interval_s: float = 0.5) -> None:
+        self.server, self.interval_s = server, interval_s
+        self.pss_mb = self.host_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="omni-ext-bench-memory")
+
+    def __enter__(self) -> MemoryPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        import psutil
+
+        while True:
+            self.sample(psutil)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def sample(self, psutil: Any) -> None:
+        pss = 0.0
+        for p in self.server.processes():
+            try:
+                info = p.memory_full_info()
+                pss += getattr(info, "pss", info.rss)
+            except (psutil.Error, OSError):
+                continue
+        vm = psutil.virtual_memory()
+        self.pss_mb = max(self.pss_mb, pss / 2**20)
+        self.host_mb = max(self.host_mb, (vm.total - vm.available) / 2**20)
+
+    def result(self) -> dict[str, float]:
+        return {"peak_server_pss_mb": round(self.pss_mb), "peak_host_used_mb": round(self.host_mb)}
 
 
 def _request(args):
@@ -196,6 +257,8 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
     host = quiet_host(args)
     servers = Servers(model, workdir, base_args, {**env, **sp_env_vars})
     runs: dict[str, list[dict[str, Any]]] = {"stock_sp": [], "tuned_sp": []}
+    sequential = args.model_size in SEQUENTIAL_SIZES
+    memory: dict[str, dict[str, float]] = {}
     ceiling_reps = 0 if args.skip_ceiling else args.ceiling_reps
     progress = Progress(f"cfg-parallel {_model(args)} --sp {args.sp}", 2 * args.reps + 2 * ceiling_reps, min_interval_s=0.0)
     try:
@@ -203,17 +266,31 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
         # omni-ext's generic worker patches on both, as they were measured
         from omni_ext.bench.common import STOCK_ENV
 
-        servers.start(sp_server_specs(args.sp), args.start_timeout,
-                      envs={"stock_sp": STOCK_ENV} if getattr(args, "model", None) else None)
-        for name in runs:  # warm-up (first-call costs), not recorded
-            send(servers.url(name), request_fields(args, seed=1))
-        for i in range(args.reps):
-            for name in (("stock_sp", "tuned_sp") if i % 2 == 0 else ("tuned_sp", "stock_sp")):
-                time.sleep(args.settle)  # the other server's workers poll busily for a while after a request
-                r = send(servers.url(name), fields)
-                runs[name].append(r)
-                d = diffuse_s(r["stages"])
-                progress.advance(note=f"rep {i}: {name} {r['latency_s']:.2f} s" + (f" (diffuse {d:.2f} s)" if d else ""))
+        envs = {"stock_sp": STOCK_ENV} if getattr(args, "model", None) or sequential else None
+
+        def measure(name: str, i: int) -> None:
+            time.sleep(args.settle)  # the other server's workers poll busily for a while after a request
+            r = send(servers.url(name), fields)
+            runs[name].append(r)
+            d = diffuse_s(r["stages"])
+            progress.advance(note=f"rep {i}: {name} {r['latency_s']:.2f} s" + (f" (diffuse {d:.2f} s)" if d else ""))
+
+        if sequential:  # one server at a time: two full-size transformers per server fill the host
+            for name, spec in sp_server_specs(args.sp).items():
+                servers.start({name: spec}, args.start_timeout, envs=envs)
+                with MemoryPeak(servers.procs[name]) as peak:
+                    send(servers.url(name), request_fields(args, seed=1))  # warm-up, not recorded
+                    for i in range(args.reps):
+                        measure(name, i)
+                memory[name] = peak.result()
+                servers.stop(name)
+        else:
+            servers.start(sp_server_specs(args.sp), args.start_timeout, envs=envs)
+            for name in runs:  # warm-up (first-call costs), not recorded
+                send(servers.url(name), request_fields(args, seed=1))
+            for i in range(args.reps):
+                for name in (("stock_sp", "tuned_sp") if i % 2 == 0 else ("tuned_sp", "stock_sp")):
+                    measure(name, i)
     finally:
         servers.stop()
     ceiling, ceiling_error = None, None
@@ -243,8 +320,14 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
         "runs": runs,
         "host_ceiling": ceiling,
         "ceiling_error": ceiling_error,
-        **sp_summary(runs, ceiling, host["measurement"]),
+        "servers_one_at_a_time": sequential,
+        "memory": memory,
+        **sp_summary(runs, ceiling, host["measurement"], steps=args.steps),
     }
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1f} ms"
 
 
 def sp_table(result: dict[str, Any]) -> str:
@@ -253,7 +336,13 @@ def sp_table(result: dict[str, Any]) -> str:
              "ceiling speedup": {"tuned_vs_ceiling": ceiling.get("speedup")}}
     lines = [figures_table(result["figures"], extra),
              f"median latency s: {result['median_latency_s']}",
-             f"median diffuse s: {result['median_diffuse_s']}; bare loop s: {ceiling.get('parallel_median_s')}"]
+             f"median diffuse s: {result['median_diffuse_s']}; bare loop s: {ceiling.get('parallel_median_s')}",
+             f"tuned's loop per step over the bare loop / over stock's: "
+             f"{_ms(result.get('per_step_overhead_ms', {}).get('over_ceiling'))} / "
+             f"{_ms(result.get('per_step_overhead_ms', {}).get('over_stock'))}"]
+    for name, mem in (result.get("memory") or {}).items():
+        lines.append(f"{name}: peak PSS of the server's processes {mem['peak_server_pss_mb']} MiB, "
+                     f"host used {mem['peak_host_used_mb']} MiB")
     if result.get("ceiling_error"):
         lines.append(f"ceiling failed: {result['ceiling_error'][:300]}")
     if not result["measurement"]:
@@ -342,7 +431,7 @@ def run_data_parallel(args) -> dict[str, Any]:
 
 
 def main_cfg_parallel(args) -> int:
-    if args.sp > 1 or getattr(args, "model", None):
+    if args.sp > 1 or getattr(args, "model", None) or args.model_size in SEQUENTIAL_SIZES:
         result = run_cfg_parallel_sp(args)
         return write_result(args.json, result, sp_table(result))
     result = run_cfg_parallel(args)

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODELS", "PIPELINES", "RELABELLED", "TAKES_IMAGE", "SIZES", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info"]
+__all__ = ["MODELS", "PIPELINES", "RELABELLED", "TAKES_IMAGE", "SIZES", "ONLY_FOR", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info"]
 
 MODELS: tuple[str, ...] = ("wan2.1-t2v", "wan2.2-i2v", "wan2.2-ti2v", "qwen-image", "qwen-image-edit",
                           "qwen-image-edit-plus")
@@ -45,7 +45,9 @@ RELABELLED: dict[str, str] = {"WanDMDPipeline": "wan2.1-t2v", "WanT2VDMD2Pipelin
                               "QwenImageDMD2Pipeline": "qwen-image"}
 #: Tiny models whose requests carry a reference image (benchmarks send one with each request).
 TAKES_IMAGE: tuple[str, ...] = ("wan2.2-i2v", "wan2.2-ti2v", "qwen-image-edit", "qwen-image-edit-plus")
-SIZES: tuple[str, ...] = ("tiny", "small", "med")
+SIZES: tuple[str, ...] = ("tiny", "small", "med", "1.3b")
+#: Sizes only some models have: ``1.3b`` is Wan2.1-T2V-1.3B's transformer at full width and depth.
+ONLY_FOR: dict[str, tuple[str, ...]] = {"1.3b": ("wan2.1-t2v",)}
 DTYPES: tuple[str, ...] = ("bfloat16", "float32")
 
 #: Small marker file written next to ``model_index.json``; diffusers ignores unknown root files.
@@ -69,6 +71,10 @@ _WAN_TRANSFORMER: dict[str, dict[str, int]] = {
     "tiny": {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 12, "ffn_dim": 32},
     "small": {"num_layers": 4, "num_attention_heads": 4, "attention_head_dim": 32, "ffn_dim": 512},
     "med": {"num_layers": 8, "num_attention_heads": 8, "attention_head_dim": 32, "ffn_dim": 1024},
+    # Wan-AI/Wan2.1-T2V-1.3B-Diffusers' transformer/config.json: dim 1536 = 12 heads x 128, FFN 8960, 30
+    # layers (its text_dim stays the tiny encoder's: the cross-attention's key/value projections are
+    # 32 -> 1536 instead of 4096 -> 1536, 0.3 % of the weights)
+    "1.3b": {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960},
 }
 # axes_dims_rope must sum to attention_head_dim (each entry even), like (16, 56, 56) for the real 128.
 _QWEN_TRANSFORMER: dict[str, dict[str, Any]] = {
@@ -623,6 +629,8 @@ def build_tiny_model(
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if model not in ONLY_FOR.get(size, MODELS):
+        raise ValueError(f"size {size!r} exists for {', '.join(ONLY_FOR[size])} only, not {model!r}")
 
     out = Path(out_dir).expanduser().absolute()
     _check_target(out, overwrite)
