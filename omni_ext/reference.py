@@ -27,7 +27,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-REGENERATE = "python -m omni_ext.reference"
+from omni_ext import REGENERATE_DOCS as REGENERATE
+
 DEFAULT_DIR = "docs/reference"
 #: Columns of the ``omni-ext --help`` tree: fixed, so that the page does not depend on the terminal.
 CLI_WIDTH = 100

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from omni_ext.models.decisions import Decision, decide, family_for
 from omni_ext.models.tiny import MODELS, PIPELINES, RELABELLED
-from omni_ext.reference import REGENERATE
+from omni_ext import REGENERATE_DOCS as REGENERATE
 
 PATHS: tuple[str, ...] = ("tuned", "passthrough", "unavailable")
 
