@@ -455,39 +455,73 @@ def test_a_reference_image_over_the_pixel_bound_is_refused_from_its_header(tmp_p
     assert err.value.code == "invalid_image"
 
 
-def test_an_sdk_edit_mask_reaches_vllm_omnis_edit_route_as_mask_image() -> None:
-    """The OpenAI SDK sends ``mask``; vLLM-Omni's /v1/images/edits reads ``mask_image`` (and drops ``mask``).
-    The edits dispatch renames the part header only, and Starlette's own parser then sees ``mask_image``
-    with the same bytes."""
+def test_an_sdk_edit_reaches_vllm_omnis_edit_endpoint_checked_with_its_mask_as_mask_image(tmp_path: Path) -> None:
+    """The OpenAI SDK's edit (multipart: ``image``, ``mask``, OpenAI's hints) is parsed and checked by
+    omni-ext's intake, then handed to vLLM-Omni's endpoint as it reads it: ``mask`` as ``mask_image`` with
+    the same bytes, b64_json, the steps ``quality`` chose, no field it does not read."""
     import asyncio
 
     import requests as rq
     from starlette.requests import Request
 
-    from omni_ext.api.intake import replay
-    from omni_ext.api.routes import multipart_boundary, rename_form_field, with_length
+    from omni_ext.api import edits
+    from omni_ext.api.intake import parse_body, replay
 
     mask_bytes = b'\x89PNG fake; name="mask" inside the file stays'
-    prepared = rq.Request("POST", "http://x/v1/images/edits", data={"prompt": "p", "model": "m"},
-                          files={"image": ("a.png", b"img", "image/png"), "mask": ("m.png", mask_bytes, "image/png")}).prepare()
-    scope = {"type": "http", "method": "POST", "path": "/v1/images/edits", "query_string": b"",
-             "headers": [(b"content-type", prepared.headers["Content-Type"].encode()),
-                         (b"content-length", str(len(prepared.body)).encode())]}
-    boundary = multipart_boundary(scope)
-    assert boundary and boundary.decode() in prepared.headers["Content-Type"]
-    body = rename_form_field(prepared.body, boundary, "mask", "mask_image")
-    assert rename_form_field(body, boundary, "mask", "mask_image") == body  # already renamed: unchanged
+    state = api_state(tmp_path, ModelLimits("QwenImageEditPipeline", 16, 1, False))
 
-    async def parse() -> dict:
+    def form_of(data: dict, files: dict) -> tuple[dict, bytes, bytes]:
+        prepared = rq.Request("POST", "http://x/v1/images/edits", data=data, files=files or {"x": None}).prepare()
+        raw = prepared.body if isinstance(prepared.body, bytes) else prepared.body.encode()
+        scope = {"type": "http", "method": "POST", "path": "/v1/images/edits", "query_string": b"",
+                 "headers": [(b"content-type", prepared.headers["Content-Type"].encode()),
+                             (b"content-length", str(len(raw)).encode())]}
+
         async def receive():
             return {"type": "http.disconnect"}
 
-        form = await Request(with_length(scope, len(body)), replay(body, receive)).form()
-        return {k: (await v.read() if hasattr(v, "read") else v) for k, v in form.multi_items()}
+        async def run():
+            body = await parse_body(Request(scope, replay(raw, receive)), 2**20)
+            spec, reply = edits.check_edit(body, state)
+            sent, boundary = edits.stock_form(body, spec)
+            stock_scope = {**scope, "headers": [(b"content-type", b"multipart/form-data; boundary=" + boundary),
+                                                (b"content-length", str(len(sent)).encode())]}
+            form = await Request(stock_scope, replay(sent, receive)).form()
+            return {k: (await v.read() if hasattr(v, "read") else v) for k, v in form.multi_items()}, spec, reply
 
-    fields = asyncio.run(parse())
-    assert fields == {"prompt": "p", "model": "m", "image": b"img", "mask_image": mask_bytes}
-    assert multipart_boundary({"headers": [(b"content-type", b"application/json")]}) is None
+        return asyncio.run(run())
+
+    fields, spec, reply = form_of({"prompt": "p", "model": "m", "quality": "low", "response_format": "url",
+                                   "input_fidelity": "high", "n": "2"},
+                                  {"image": ("a.png", b"img", "image/png"), "mask": ("m.png", mask_bytes, "image/png")})
+    assert fields == {"prompt": "p", "n": "2", "response_format": "b64_json",
+                      "num_inference_steps": str(spec.steps), "image": b"img", "mask_image": mask_bytes}
+    assert reply.response_format == "url" and set(reply.ignored) == {"input_fidelity"} and spec.n == 2
+    for data, files, param in (
+            ({"prompt": "p", "priority": "1"}, {"image": ("a.png", b"i", "image/png")}, "priority"),
+            ({"prompt": "p"}, {"image": ("a.png", b"i", "image/png"), "photo": ("b.png", b"i", "image/png")}, "photo"),
+            ({"prompt": "p"}, {}, "image"),
+            ({"prompt": "p", "strength": "2"}, {"image": ("a.png", b"i", "image/png")}, "strength"),
+            ({"prompt": "p", "background": "transparent"}, {"image": ("a.png", b"i", "image/png")}, "background")):
+        with pytest.raises(APIError) as err:
+            form_of(data, files)
+        assert err.value.status == 400 and err.value.param == param, (param, err.value.message)
+    with pytest.raises(APIError) as err:
+        form_of({"prompt": "p", "model": "dall-e-2"}, {"image": ("a.png", b"i", "image/png")})
+    assert err.value.status == 404 and err.value.code == "model_not_found"
+
+
+def test_the_edit_fields_are_vllm_omnis_endpoint_s_own() -> None:
+    """A coupling: the form fields omni-ext hands on are exactly those of vLLM-Omni's edit endpoint."""
+    import inspect
+
+    from vllm_omni.entrypoints.openai.api_server import edit_images
+
+    from omni_ext.api.edits import VLLM_OMNI_FIELDS
+
+    params = inspect.signature(edit_images).parameters
+    names = {getattr(p.default, "alias", None) or n for n, p in params.items() if n != "raw_request"}
+    assert {n.removesuffix("[]") for n in names} == VLLM_OMNI_FIELDS
 
 
 def _data_url(mime: str, data: bytes) -> str:

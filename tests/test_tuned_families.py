@@ -129,6 +129,37 @@ def test_tuned_image_edit_gives_vllm_omnis_bytes(servers, model: str) -> None:
 
 
 @pytest.mark.server
+def test_edits_go_through_omni_exts_intake_and_answer_like_generations(servers) -> None:
+    """``client.images.edit`` on an edit model, through omni-ext's intake around vLLM-Omni's edit endpoint:
+    the same bytes as the form post to the stock-executor server, as b64_json and behind a ``url`` link; an
+    OpenAI hint reported in the ignored-fields header; a wrong model, an unknown field and a missing image
+    refused in the generations' error shape (404 / 400 naming the field), the SDK not retrying them."""
+    import openai
+
+    server = servers["qwen-image-edit-tuned"]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    extra = {k: EDIT[k] for k in ("negative_prompt", "num_inference_steps", "true_cfg_scale", "seed")}
+    ref = ("ref.png", _png(), "image/png")
+    expected = _edit(servers["qwen-image-edit-stock"])
+    b64 = client.images.edit(image=ref, prompt=EDIT["prompt"], size="64x64", response_format="b64_json",
+                             extra_body=extra)
+    assert base64.b64decode(b64.data[0].b64_json) == expected and b64.size == "64x64"
+    raw = client.images.with_raw_response.edit(image=ref, prompt=EDIT["prompt"], size="64x64", response_format="url",
+                                               input_fidelity="high", extra_body=extra)
+    assert raw.headers.get("x-omni-ext-ignored-fields") == "input_fidelity"
+    link = raw.parse().data[0].url
+    assert "/v1/images/img_" in link and requests.get(link, timeout=60).content == expected
+    with pytest.raises(openai.NotFoundError) as err:
+        client.images.edit(image=ref, prompt="x", model="dall-e-2")
+    assert err.value.code == "model_not_found"
+    form = {k: (None, str(v)) for k, v in EDIT.items()}
+    for files, param in (({**form, "colour": (None, "red"), "image": ref}, "colour"), (form, "image")):
+        resp = requests.post(server.url + "/v1/images/edits", files=files, timeout=60)
+        assert resp.status_code == 400 and resp.headers.get("x-should-retry") == "false", resp.text[:500]
+        assert set(resp.json()["error"]) == {"message", "type", "param", "code"} and resp.json()["error"]["param"] == param
+
+
+@pytest.mark.server
 def test_an_over_long_negative_prompt_fails_on_both_split_ranks_and_the_group_serves_on(servers) -> None:
     """Rank 1 of a split pair encodes the negative prompt alone; rank 0 must refuse it too (vLLM-Omni's
     token bound, checked on the tokenizer), else it would wait for rank 1 in the first all-gather."""

@@ -1,4 +1,5 @@
-"""OpenAI-compatible ``/v1/images/generations`` (``b64_json`` and ``url``) and ``/v1/images/edits``.
+"""OpenAI-compatible ``/v1/images/generations`` (``b64_json`` and ``url``), and the answer it shares with
+``/v1/images/edits`` (:mod:`omni_ext.api.edits`: :func:`respond_encoded`).
 
 The engine call is vLLM-Omni's (same prompt and sampling-parameter construction as its own route);
 added here (the request checked by :mod:`omni_ext.api.intake`): ``response_format=url`` served
@@ -53,6 +54,17 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
                    images: list[Any]) -> JSONResponse:
     fmt, compression = reply.output_format, reply.output_compression
     encoded = [await media.off_loop(media.encode_image, img, fmt, compression) for img in images]
+    return await respond_encoded(request, state, spec, reply, encoded,
+                                 f"{images[0].width}x{images[0].height}" if images else None)
+
+
+async def respond_encoded(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply, encoded: list[bytes],
+                          size: str | None = None) -> JSONResponse:
+    """The answer to a generation or an edit whose images are encoded in ``reply.output_format``:
+    ``b64_json``, or ``url`` links to them stored (all or none). ``size``: WxH (None: read from the first)."""
+    fmt = reply.output_format
+    if size is None and encoded:
+        size = await media.off_loop(media.image_size, encoded[0])
     data = []
     if reply.response_format == "b64_json":
         data = [{"b64_json": base64.b64encode(b).decode("ascii"), "revised_prompt": None} for b in encoded]
@@ -84,7 +96,6 @@ async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: Imag
                 with contextlib.suppress(sqlite3.Error):
                     state.store.delete(job.id)
             raise
-    size = f"{images[0].width}x{images[0].height}" if images else None
     headers = {IGNORED_HEADER: ",".join(reply.ignored)} if reply.ignored else None
     return JSONResponse({"created": int(time.time()), "data": data, "output_format": fmt, "size": size},
                         headers=headers)

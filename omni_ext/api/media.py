@@ -91,6 +91,14 @@ def encode_image(img: Any, fmt: str = "png", compression: int | None = None) -> 
     return buf.getvalue()
 
 
+def image_size(data: bytes) -> str:
+    """``WxH`` of an encoded image (its header only)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return f"{img.width}x{img.height}"
+
+
 #: OpenAI's ``variant=spritesheet``: at most this many evenly spaced frames, in rows of this many, each
 #: at most this wide (height in proportion), as one JPEG.
 SPRITE_FRAMES, SPRITE_COLUMNS, SPRITE_WIDTH = 8, 4, 256

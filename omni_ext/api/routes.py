@@ -8,7 +8,7 @@ so the behaviour does not depend on what vLLM or vLLM-Omni register on the app.
 from __future__ import annotations
 
 import logging
-import re
+
 from http import HTTPStatus
 from typing import Any, Callable
 
@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from omni_ext.api.gate import BodyGate
 from omni_ext.api.disconnect import CLIENT_CLOSED, ClientGone
 from omni_ext.api.errors import APIError
-from omni_ext.api.intake import ID_RE, read_limited, replay
+from omni_ext.api.intake import ID_RE
 
 logger = logging.getLogger("omni_ext.api")
 
@@ -122,70 +122,33 @@ class GenerationsDispatch:
 
 
 class EditsDispatch:
-    """ASGI endpoint for ``POST /v1/images/edits``: vLLM-Omni's route for models that take a reference
-    image (vLLM-Omni's own metadata and class flags: Qwen-Image-Edit, FLUX.2, OmniGen2, LongCat-Image-Edit
-    ...), a clear OpenAI-style 400 for those that cannot (instead of a confusing engine error)."""
+    """ASGI endpoint for ``POST /v1/images/edits``: omni-ext's intake and answer around vLLM-Omni's edit
+    endpoint (:mod:`omni_ext.api.edits`) for models that take a reference image (vLLM-Omni's own
+    metadata and class flags: Qwen-Image-Edit, FLUX.2, OmniGen2, LongCat-Image-Edit ...), a clear
+    OpenAI-style 400 for those that cannot (instead of a confusing engine error)."""
 
     def __init__(self, stock_app: Any) -> None:
         self.stock_app = stock_app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from omni_ext.api.edits import edit_images
         from omni_ext.api.state import state_of
 
         try:
             state = state_of(scope["app"].state)
-        except APIError as err:  # before start-up: 503
-            await err.response()(scope, receive, send)
+            if not (state.limits.image_input and self.stock_app is not None):
+                raise APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline or 'unknown'}) "
+                               "does not support image edits; use /v1/images/generations.", param="image",
+                               code="unsupported_model")
+            response = await edit_images(scope, receive, self.stock_app)
+        except APIError as err:  # 503 before start-up, 400, 404, 413, 429, 500 ...
+            response = err.response()
+        except ClientDisconnect:
             return
-        if state.limits.image_input and self.stock_app is not None:  # the class takes a reference image
-            boundary = multipart_boundary(scope)
-            if boundary is None:
-                await self.stock_app(scope, receive, send)
-                return
-            try:
-                body = await read_limited(Request(scope, receive), state.settings.max_upload_bytes)
-            except APIError as err:  # 413, as on every other route
-                await err.response()(scope, receive, send)
-                return
-            except ClientDisconnect:
-                return
-            body = rename_form_field(body, boundary, "mask", "mask_image")
-            await self.stock_app(with_length(scope, len(body)), replay(body, receive), send)
-            return
-        err = APIError(HTTPStatus.BAD_REQUEST, f"The served model ({state.limits.pipeline or 'unknown'}) does not "
-                       "support image edits; use /v1/images/generations.", param="image", code="unsupported_model")
-        await err.response()(scope, receive, send)
+        except ClientGone:
+            response = Response(status_code=CLIENT_CLOSED)
+        except Exception as exc:
+            logger.exception("omni-ext route /v1/images/edits failed")
+            response = APIError(HTTPStatus.INTERNAL_SERVER_ERROR, f"Internal error: {exc}", code="internal_error").response()
+        await response(scope, receive, send)
 
-
-# ---- the OpenAI SDK's edit fields, as vLLM-Omni's edit route reads them ----------------------------
-def multipart_boundary(scope: Any) -> bytes | None:
-    """The multipart boundary of a request's ``content-type``, or None for any other body."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-type" and value.lower().startswith(b"multipart/form-data"):
-            match = re.search(rb'boundary="?([^";]+)"?', value)
-            return match.group(1) if match else None
-    return None
-
-
-def rename_form_field(body: bytes, boundary: bytes, old: str, new: str) -> bytes:
-    """``body`` (multipart) with its form field ``old`` renamed ``new``: the OpenAI SDK sends an edit's mask
-    as ``mask``, vLLM-Omni's edit route reads ``mask_image`` (and silently drops ``mask``). Only part
-    headers are touched; a body that already has ``new`` is left as it is."""
-    delim = b"--" + boundary
-    parts = body.split(delim)
-    pattern = rb'(?i)(content-disposition:[^\r\n]*;\s*name=)"%s"'
-    if any(re.search(pattern % re.escape(new.encode()), p.partition(b"\r\n\r\n")[0]) for p in parts[1:]):
-        return body
-    out = [parts[0]]
-    for part in parts[1:]:
-        head, sep, rest = part.partition(b"\r\n\r\n")
-        if sep:
-            head = re.sub(pattern % re.escape(old.encode()), rb'\1"' + new.encode() + b'"', head)
-        out.append(head + sep + rest)
-    return delim.join(out)
-
-
-def with_length(scope: Any, length: int) -> Any:
-    """``scope`` with its ``content-length`` header set to ``length``."""
-    headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-length"]
-    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
