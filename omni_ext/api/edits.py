@@ -110,7 +110,7 @@ def stock_form(body: Body, spec: Any) -> tuple[bytes, bytes]:
 
 async def edit_images(scope: Any, receive: Any, stock_app: Any) -> Any:
     """The whole edit: the response to send (raises :class:`APIError` for what is refused or failed)."""
-    from omni_ext.api.images import respond_encoded
+    from omni_ext.api.images import admit, respond_encoded
     from omni_ext.api.state import admitting_state
 
     request = Request(scope, receive)
@@ -120,14 +120,7 @@ async def edit_images(scope: Any, receive: Any, stock_app: Any) -> Any:
         raise bad_request("Send the mask once: 'mask' (OpenAI's name) or 'mask_image'.", "mask")
     spec, reply = check_edit(body, state)
     request_id = f"img_edit-{uuid.uuid4().hex}"
-    if reply.ignored or reply.end_user:
-        logger.info("omni-ext: image edit %s%s%s", request_id,
-                    f" for end user {reply.end_user!r}" if reply.end_user else "",
-                    f"; accepted as hints and not applied: {', '.join(reply.ignored)}" if reply.ignored else "")
-    if reply.response_format == "url":
-        state.admit_result("image", spec.n)  # 507 before any work when live results fill the store's quota
-    state.own_request(request_id, state.tenant(request))
-    admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
+    admitted = admit(request, state, spec, reply, request_id, "image edit")
     form, boundary = stock_form(body, spec)
     status, answer = await run_admitted(request, admitted, "image", _call(stock_app, scope, receive, form, boundary))
     if status != HTTPStatus.OK:

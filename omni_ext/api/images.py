@@ -101,19 +101,25 @@ async def respond_encoded(request: Request, state: ApiState, spec: JobSpec, repl
                         headers=headers)
 
 
-@router.post("/v1/images/generations", openapi_extra=schemas.body(schemas.IMAGE_GENERATE))
-async def generate_images(request: Request) -> JSONResponse:
-    state = admitting_state(request)  # 503 before start-up or while draining
-    spec, reply = await read_image_request(request, state)
-    request_id = f"img_gen-{uuid.uuid4().hex}"
+def admit(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply, request_id: str, what: str) -> Any:
+    """A checked generation or edit, admitted: its hints and end user logged, room for its ``url``
+    results (507), its owner recorded, its place in the queue (429 past the scheduler's bound)."""
     if reply.ignored or reply.end_user:
-        logger.info("omni-ext: image request %s%s%s", request_id,
+        logger.info("omni-ext: %s %s%s%s", what, request_id,
                     f" for end user {reply.end_user!r}" if reply.end_user else "",
                     f"; accepted as hints and not applied: {', '.join(reply.ignored)}" if reply.ignored else "")
     if reply.response_format == "url":
         state.admit_result("image", spec.n)  # 507 before any work when live results fill the store's quota
     state.own_request(request_id, state.tenant(request))
-    admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
+    return state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)
+
+
+@router.post("/v1/images/generations", openapi_extra=schemas.body(schemas.IMAGE_GENERATE))
+async def generate_images(request: Request) -> JSONResponse:
+    state = admitting_state(request)  # 503 before start-up or while draining
+    spec, reply = await read_image_request(request, state)
+    request_id = f"img_gen-{uuid.uuid4().hex}"
+    admitted = admit(request, state, spec, reply, request_id, "image request")
     try:
         images = await run_admitted(request, admitted, "image", _generate(request, spec, request_id))
     except ClientGone:
