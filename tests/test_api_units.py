@@ -231,7 +231,7 @@ IMAGE_BOUNDS = {
     "true_cfg_scale": (0, None),
     "seed": (0, limits.MAX_SEED),
     "priority": (limits.MIN_PRIORITY, limits.MAX_PRIORITY),
-    "partial_images": (0, 0),  # partial images need streaming, not served
+    "partial_images": (0, 3),  # sent with stream: true (the test adds it)
 }
 
 
@@ -290,15 +290,16 @@ def test_image_route_enforces_what_the_schema_says(tmp_path: Path, name: str, va
     from omni_ext.api.intake import build_image_request
 
     state = api_state(tmp_path, ModelLimits("QwenImagePipeline", 16, 1, False))
+    body = {"prompt": "x", name: value, **({"stream": True} if name == "partial_images" else {})}
     if accepted:
-        spec, reply = build_image_request({"prompt": "x", name: value}, state)
+        spec, reply = build_image_request(body, state)
         _, params = spec.request
         parsed = {"n": spec.n, "output_compression": reply.output_compression, "num_inference_steps": spec.steps,
-                  "priority": spec.priority, "partial_images": 0}.get(name, getattr(params, name, None))
+                  "priority": spec.priority, "partial_images": reply.partial_images}.get(name, getattr(params, name, None))
         assert parsed == value
     else:
         with pytest.raises(APIError) as err:
-            build_image_request({"prompt": "x", name: value}, state)
+            build_image_request(body, state)
         assert err.value.status == 400 and name in err.value.message + str(err.value.param)
 
 

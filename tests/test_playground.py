@@ -8,6 +8,7 @@ of its tabs under ``out/playground/`` (git-ignored, like the benchmarks' outputs
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -315,6 +316,25 @@ def test_images_by_url_survive_a_reload(server_pool, tab) -> None:
     t.page.reload()
     t.wait_status("completed")
     t.page.wait_for_function("() => [...document.querySelectorAll('#jobs img')].filter(i => i.naturalWidth === 64).length === 2")
+    assert t.dialogs == [] and not t.errors, t.errors
+
+
+def test_a_streamed_image_shows_its_previews_then_the_image(server_pool, tab) -> None:
+    """One b64 image on a Qwen-Image server: the page streams it (stream, partial_images 2), shows each
+    preview the worker decodes in the card as it comes, then the image alone."""
+    t = tab(server_pool.get("qwen"))
+    bodies: list[dict] = []
+    t.page.on("request", lambda r: r.method == "POST" and r.url.endswith("/v1/images/generations")
+              and bodies.append(json.loads(r.post_data or "{}")))
+    t.ready()
+    t.fill(prompt="a kite over the dunes", size="64x64", n="1", response_format="b64_json", steps="8", seed="3")
+    t.page.click("#submit")
+    t.wait_status("completed")
+    assert bodies and bodies[0]["stream"] is True and bodies[0]["partial_images"] == 2, bodies
+    assert t.card().get_attribute("data-partials") == "2"
+    t.page.wait_for_function("() => [...document.querySelectorAll('#jobs img')].filter(i => i.naturalWidth === 64).length === 1")
+    assert t.card().locator("img.preview").count() == 0 and t.card().locator("a.download").count() == 1
+    t.screenshot("streamed-image")
     assert t.dialogs == [] and not t.errors, t.errors
 
 

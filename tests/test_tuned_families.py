@@ -190,3 +190,25 @@ def test_models_table_names_the_tuned_image_to_video_class() -> None:
     decision = decide(facts, family_for(facts))
     assert decision.path == "tuned" and decision.cfg_rule == "wan", decision
     assert json.loads(json.dumps(decision.inputs)) == ["image"]
+
+
+@pytest.mark.server
+def test_streamed_edit_sends_partials_then_the_same_image(servers) -> None:
+    """``client.images.edit(stream=True, partial_images=2)`` on the edit models: OpenAI's ``image_edit.*``
+    events, two previews from the worker that holds the latents, then the edit itself with the bytes of a
+    request that does not stream; vLLM-Omni's executor and the TunedExecutor give the same previews."""
+    import openai
+
+    extra = {k: EDIT[k] for k in ("negative_prompt", "num_inference_steps", "true_cfg_scale", "seed")}
+
+    def streamed(server) -> list:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        return list(client.images.edit(image=("ref.png", _png(), "image/png"), prompt=EDIT["prompt"], size="64x64",
+                                       stream=True, partial_images=2, extra_body=extra))
+
+    events = streamed(servers["qwen-image-edit-tuned"])
+    assert [e.type for e in events] == ["image_edit.partial_image"] * 2 + ["image_edit.completed"], events
+    assert [e.partial_image_index for e in events[:2]] == [0, 1]
+    images = [base64.b64decode(e.b64_json) for e in events]
+    assert len(set(images)) == 3 and images[-1] == _edit(servers["qwen-image-edit-tuned"])
+    assert [base64.b64decode(e.b64_json) for e in streamed(servers["qwen-image-edit-stock"])] == images

@@ -21,6 +21,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from omni_ext import partials
 from omni_ext.api.disconnect import run_admitted
 from omni_ext.api.errors import APIError, bad_request
 from omni_ext.api.intake import _IMAGE_FIELDS, Body, build_image_request, parse_body, replay
@@ -91,7 +92,8 @@ def stock_form(body: Body, spec: Any) -> tuple[bytes, bytes]:
                      % (name.encode(), filename.replace('"', "").encode(), ctype.encode()) + data)
 
     # ``model`` was checked against every served name (an alias too); the endpoint knows only the first
-    fields = {k: v for k, v in body.fields.items() if k not in _HERE_ONLY and k != "model"}
+    # ``stream`` is served here (the endpoint would stream only a multi-stage model, in its own way)
+    fields = {k: v for k, v in body.fields.items() if k not in _HERE_ONLY and k not in ("model", "stream")}
     fields["response_format"] = "b64_json"
     if spec.steps is not None:  # the request's own steps, or the ones its quality hint chose
         fields["num_inference_steps"] = str(spec.steps)
@@ -110,7 +112,7 @@ def stock_form(body: Body, spec: Any) -> tuple[bytes, bytes]:
 
 async def edit_images(scope: Any, receive: Any, stock_app: Any) -> Any:
     """The whole edit: the response to send (raises :class:`APIError` for what is refused or failed)."""
-    from omni_ext.api.images import admit, respond_encoded
+    from omni_ext.api.images import admit, respond_encoded, stream
     from omni_ext.api.state import admitting_state
 
     request = Request(scope, receive)
@@ -122,18 +124,30 @@ async def edit_images(scope: Any, receive: Any, stock_app: Any) -> Any:
     request_id = f"img_edit-{uuid.uuid4().hex}"
     admitted = admit(request, state, spec, reply, request_id, "image edit")
     form, boundary = stock_form(body, spec)
-    status, answer = await run_admitted(request, admitted, "image", _call(stock_app, scope, receive, form, boundary))
-    if status != HTTPStatus.OK:
-        raise _error(status, answer, request_id)
-    data = answer.get("data") or []
-    if not data:
+    inner_state: dict[str, Any] = dict(scope.get("state") or {})  # where the endpoint notes its request id
+
+    async def edited() -> list[bytes]:
+        partials.REQUESTED.set(reply.partial_images)  # this task's context: the endpoint's engine call reads it
+        status, answer = await _call(stock_app, scope, receive, form, boundary, inner_state)
+        if status != HTTPStatus.OK:
+            raise _error(status, answer, request_id)
+        return [base64.b64decode(d["b64_json"]) for d in answer.get("data") or []]
+
+    if reply.stream:
+        def engine_id() -> str | None:
+            return getattr(inner_state.get("request_metadata"), "request_id", None)
+
+        return stream(request, admitted, spec, reply, "image", "image_edit", edited(), engine_id)
+    encoded = await run_admitted(request, admitted, "image", edited())
+    if not encoded:
         raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, "The model returned no image.", code="generation_failed")
-    encoded = [base64.b64decode(d["b64_json"]) for d in data]
     return await respond_encoded(request, state, spec, reply, encoded)
 
 
-async def _call(stock_app: Any, scope: Any, receive: Any, form: bytes, boundary: bytes) -> tuple[int, dict]:
-    """vLLM-Omni's endpoint on ``form``: (status, its JSON answer)."""
+async def _call(stock_app: Any, scope: Any, receive: Any, form: bytes, boundary: bytes,
+                inner_state: dict[str, Any]) -> tuple[int, dict]:
+    """vLLM-Omni's endpoint on ``form``: (status, its JSON answer). ``inner_state``: its request's state
+    (vLLM-Omni writes the engine request id there as ``request_metadata``)."""
     headers = [(k, v) for k, v in scope.get("headers", ()) if k not in (b"content-length", b"content-type")]
     headers += [(b"content-type", b"multipart/form-data; boundary=" + boundary),
                 (b"content-length", str(len(form)).encode())]
@@ -142,7 +156,7 @@ async def _call(stock_app: Any, scope: Any, receive: Any, form: bytes, boundary:
     async def capture(message: dict) -> None:
         sent.append(message)
 
-    await stock_app({**scope, "headers": headers}, replay(form, receive), capture)
+    await stock_app({**scope, "headers": headers, "state": inner_state}, replay(form, receive), capture)
     status = next((m["status"] for m in sent if m["type"] == "http.response.start"), 500)
     raw = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     try:

@@ -10,18 +10,22 @@ away), encoding off the event loop, and OpenAI-style errors.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
+import json
 import logging
 import sqlite3
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from omni_ext import partials
 from omni_ext.api import media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, generation_error, storage
@@ -34,6 +38,8 @@ logger = logging.getLogger("omni_ext.api")
 router = APIRouter()
 #: The response header listing the request's OpenAI hint fields that were accepted and not applied.
 IGNORED_HEADER = "x-omni-ext-ignored-fields"
+#: How often a stream looks for the worker's new partial images (a preview is a VAE decode: far slower).
+PARTIAL_POLL_S = 0.05
 
 async def _generate(request: Request, spec: JobSpec, request_id: str) -> list[Any]:
     """vLLM-Omni's image generation call; returns PIL images."""
@@ -114,12 +120,97 @@ def admit(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply, r
     return state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)
 
 
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+async def _partial_b64(png: bytes, fmt: str, compression: int | None) -> str:
+    """A worker's PNG preview in the request's ``output_format``, base64."""
+    if fmt != "png":
+        from PIL import Image
+        import io
+
+        png = await media.off_loop(media.encode_image, Image.open(io.BytesIO(png)), fmt, compression)
+    return base64.b64encode(png).decode("ascii")
+
+
+def stream(request: Request, admitted: Any, spec: JobSpec, reply: ImageReply, what: str, kind: str,
+           work: Awaitable[list[bytes]], engine_id: Callable[[], str | None]) -> StreamingResponse:
+    """``stream=true``: OpenAI's server-sent events for one image (``kind`` ``image_generation`` or
+    ``image_edit``): ``<kind>.partial_image`` for each preview the worker decodes (read from
+    :mod:`omni_ext.partials` under the engine request id ``engine_id()`` gives once it is known), then
+    ``<kind>.completed`` with the final image, or an ``error`` event (the SDK raises it) for a generation
+    that fails once the stream has begun. ``work`` gives the final image encoded in ``output_format``;
+    it runs admitted (its queue slot, abort when the client leaves, as a JSON request)."""
+    fmt, compression = reply.output_format, reply.output_compression
+    common = {"background": "opaque", "output_format": fmt, "quality": "auto"}
+    size = f"{spec.width}x{spec.height}" if spec.width else "auto"
+
+    async def events() -> AsyncIterator[bytes]:
+        seen: set[int] = set()
+        task = asyncio.ensure_future(run_admitted(request, admitted, what, work))
+        rid = None
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=PARTIAL_POLL_S)
+                rid = rid or engine_id()
+                for index, png in partials.read_new(rid, seen) if rid else []:
+                    yield _sse(f"{kind}.partial_image", {"type": f"{kind}.partial_image", "partial_image_index": index,
+                                                         "b64_json": await _partial_b64(png, fmt, compression),
+                                                         "created_at": int(time.time()), "size": size, **common})
+                if done:
+                    break
+            try:
+                encoded = task.result()
+            except ClientGone:
+                return
+            except APIError as exc:
+                yield _sse("error", exc.body())
+                return
+            except Exception as exc:
+                yield _sse("error", generation_error(exc, "Image generation", admitted.job_id).body())
+                return
+            if not encoded:
+                yield _sse("error", APIError(HTTPStatus.INTERNAL_SERVER_ERROR, "The model returned no image.",
+                                             code="generation_failed").body())
+                return
+            final = size if spec.width else await media.off_loop(media.image_size, encoded[0])
+            yield _sse(f"{kind}.completed", {
+                "type": f"{kind}.completed", "b64_json": base64.b64encode(encoded[0]).decode("ascii"),
+                "created_at": int(time.time()), "size": final, **common,
+                "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                          "input_tokens_details": {"image_tokens": 0, "text_tokens": 0}}})
+        finally:
+            # The client left mid-stream and the response was cancelled with it (nothing may be awaited
+            # here any more): its slot is freed now, and vLLM-Omni's generate aborts its engine request
+            # when the generation's task is cancelled.
+            if not task.done():
+                if admitted.cancelled("client_disconnected"):
+                    logger.info("omni-ext %s %s: client disconnected mid-stream; generation aborted and its slot "
+                                "freed", what, admitted.job_id)
+                task.cancel()
+            if rid:
+                partials.clear(rid)
+
+    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+    if reply.ignored:
+        headers[IGNORED_HEADER] = ",".join(reply.ignored)
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
 @router.post("/v1/images/generations", openapi_extra=schemas.body(schemas.IMAGE_GENERATE))
-async def generate_images(request: Request) -> JSONResponse:
+async def generate_images(request: Request) -> Response:
     state = admitting_state(request)  # 503 before start-up or while draining
     spec, reply = await read_image_request(request, state)
     request_id = f"img_gen-{uuid.uuid4().hex}"
     admitted = admit(request, state, spec, reply, request_id, "image request")
+    if reply.stream:
+        async def encoded() -> list[bytes]:
+            images = await _generate(request, spec, request_id)
+            return [await media.off_loop(media.encode_image, img, reply.output_format, reply.output_compression)
+                    for img in images]
+
+        return stream(request, admitted, spec, reply, "image", "image_generation", encoded(), lambda: request_id)
     try:
         images = await run_admitted(request, admitted, "image", _generate(request, spec, request_id))
     except ClientGone:

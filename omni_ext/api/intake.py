@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol
 
+from omni_ext import partials
 from omni_ext.api import media
 from omni_ext.api.errors import APIError, bad_request, from_pydantic, storage
 from omni_ext.api.jobs import JobSpec
@@ -862,6 +863,10 @@ class ImageReply:
     ignored: tuple[str, ...] = ()
     #: the end user the client named (``safety_identifier``, else ``user``), recorded with the request
     end_user: str | None = None
+    #: ``stream=true``: server-sent events (OpenAI's partial-image and completed events), not one JSON body
+    stream: bool = False
+    #: the partial images the worker decodes for a stream (0 where the model makes none: then reported ignored)
+    partial_images: int = 0
 
 
 def hints(fields: dict[str, Any], limits: ModelLimits, steps: int | None) -> tuple[int | None, tuple[str, ...], str | None]:
@@ -909,15 +914,13 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
 
     _, prompt = request_fields(Body(fields), accepted=_IMAGE_FIELDS, served=(state.model_name, state.model_path, *state.model_aliases),
                                tokens=state.prompt_tokens)
-    if fields.get("stream") not in (None, False, "false"):
-        raise bad_request("Streaming image generation is not supported by this server.", "stream",
-                          "unsupported_parameter")
-    if optional_int(fields, "partial_images", 0, 3):
-        raise bad_request("'partial_images' needs streaming, which this server does not serve; leave it out or 0.",
-                          "partial_images", "unsupported_parameter")
+    stream, wanted = _streaming(fields)
     fmt = fields.get("response_format") or "b64_json"
     if not isinstance(fmt, str) or fmt not in ("b64_json", "url"):
         raise bad_request("'response_format' must be 'b64_json' or 'url'.", "response_format")
+    if stream and fmt != "b64_json":
+        raise bad_request("A streamed generation sends its image in its events as b64_json; leave "
+                          "'response_format' out or set it to 'b64_json'.", "response_format", "unsupported_parameter")
     out_fmt = fields.get("output_format") or "png"
     if not isinstance(out_fmt, str) or out_fmt not in media.IMAGE_TYPES:
         raise bad_request("'output_format' must be 'png', 'jpeg' or 'webp'.", "output_format")
@@ -932,10 +935,16 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     if fields.get("size") not in (None, "auto"):
         width, height = parse_size(fields["size"])
     n = optional_int(fields, "n", 1, MAX_OUTPUTS, 1)
+    if stream and n != 1:
+        raise bad_request("A streamed generation makes one image; set 'n' to 1 or leave out 'stream'.", "n",
+                          "unsupported_parameter")
     steps, ignored, end_user = hints(fields, state.limits, optional_int(fields, "num_inference_steps", MIN_STEPS,
                                                                         MAX_STEPS))
+    partial_images = wanted if state.limits.family is not None and state.limits.family.partial_images else 0
+    if wanted and not partial_images:  # OpenAI promises at most partial_images: this model makes none
+        ignored = (*ignored, "partial_images")
     reply = ImageReply(fmt, out_fmt, optional_int(fields, "output_compression", 0, MAX_COMPRESSION), ignored,
-                       end_user)
+                       end_user, stream, partial_images)
     guidance_scale = optional_float(fields, "guidance_scale")
     true_cfg_scale = optional_float(fields, "true_cfg_scale")
     seed = optional_int(fields, "seed", 0, MAX_SEED)
@@ -953,6 +962,8 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
         engine_prompt["negative_prompt"] = negative_prompt
     params = OmniDiffusionSamplingParams(num_outputs_per_prompt=n)
     extra = with_priority(extra_params, priority, deadline_s) or {}
+    if partial_images:
+        extra[partials.KEY] = partial_images  # the worker decodes them (omni_ext.partials)
     for name in ("use_system_prompt", "system_prompt", "bot_task"):  # as vLLM-Omni's own route carries them
         if fields.get(name) is not None:
             extra[name] = fields[name]
@@ -976,6 +987,23 @@ def build_image_request(fields: dict[str, Any], state: Served) -> tuple[JobSpec,
     spec = JobSpec(request=(engine_prompt, params), prompt=prompt, shape=shape, priority=priority,
                    deadline_s=deadline_s, width=width, height=height, steps=steps, n=n)
     return spec, reply
+
+
+def _streaming(fields: dict[str, Any]) -> tuple[bool, int]:
+    """``stream`` (a JSON boolean, or "true"/"false" in a form) and ``partial_images`` (0-3, only with
+    ``stream``): (whether to stream, the partial images asked for)."""
+    value = fields.get("stream")
+    if value in (None, False, "false", "False"):
+        stream = False
+    elif value in (True, "true", "True"):
+        stream = True
+    else:
+        raise bad_request("'stream' must be a boolean.", "stream")
+    wanted = optional_int(fields, "partial_images", 0, partials.MAX_PARTIALS, 0) or 0
+    if wanted and not stream:
+        raise bad_request("'partial_images' is sent only in a stream: set 'stream' to true, or leave it out or 0.",
+                          "partial_images", "unsupported_parameter")
+    return stream, wanted
 
 
 def _lora(value: Any) -> tuple[Any, float | None]:

@@ -100,6 +100,8 @@ def server_info(state: Any, app_state: Any) -> dict[str, Any]:
         # request bodies in memory and slow clients: the bounds and what they refused (omni_ext.api.bodies)
         "bodies": bodies.info(app_state, state.settings.bodies, state.settings.max_upload_bytes),
         "public_url": state.settings.public_url,
+        # streamed generations show previews decoded by the worker (omni_ext.partials)
+        "partial_images": bool(family is not None and family.partial_images and not is_video),
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from omni_ext import partials
 from omni_ext.api.limits import (
     MAX_COMPRESSION, MAX_FPS, MAX_FRAMES, MAX_OUTPUTS, MAX_PIXELS, MAX_PRIORITY, MAX_PROMPT_CHARS, MAX_SECONDS, MAX_SEED,
     MAX_STEPS, MAX_USER_CHARS, MAX_VIDEO_GUIDANCE, MAX_VIDEO_STEPS, MIN_PRIORITY, MIN_STEPS, QUALITY_STEPS, SIZE_DIGITS,
@@ -143,8 +144,11 @@ IMAGE_GENERATE: dict[str, Any] = {
         "generator_device": {"type": "string", "description": "Where the seed's generator runs (e.g. cpu)."},
         "layers": {"type": "integer", "description": "Qwen-Image-Layered: how many layers (vLLM-Omni's range)."},
         "lora": {"type": "object", "description": "A request LoRA: {name, path, scale} (vLLM-Omni's parser)."},
-        "stream": {"type": "boolean", "enum": [False], "description": "Streaming is not served (400)."},
-        "partial_images": {**_integer(0, 0), "description": "Partial images need streaming: 0 only."},
+        "stream": {"type": "boolean", "description": "Server-sent events: image_generation.partial_image "
+                   "events, then image_generation.completed (b64_json, n 1)."},
+        "partial_images": {**_integer(0, partials.MAX_PARTIALS),
+                           "description": "Previews sent before the image in a stream (stream: true; at most this "
+                           "many; the Qwen-Image families make them, other models send none and report the field)."},
     },
 }
 

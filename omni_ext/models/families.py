@@ -55,6 +55,8 @@ class ModelFamily:
     patch size); ``latent_temporal`` frames make one latent frame (video only); ``decode_units``
     is the VAE decode's cost in denoise-step equivalents. Together they are the cost formula
     (:meth:`cost_units`).
+    ``partial_images``: the denoise loop is Qwen-Image's, whose packed latents the ``partial-images``
+    patch decodes into previews for streamed requests (:mod:`omni_ext.partials`).
     """
 
     name: str
@@ -70,6 +72,7 @@ class ModelFamily:
     latent_spatial: int = 16
     latent_temporal: int = 4
     decode_units: float = 4.0
+    partial_images: bool = False
 
     @property
     def is_video(self) -> bool:
@@ -165,6 +168,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
         vllm_omni_class="vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image:QwenImagePipeline",
         tuned_class="omni_ext.executor.pipelines:TunedQwenImagePipeline",
         cancellable=True,
+        partial_images=True,
         topology="omni-ext",
     ),
     ModelFamily(
@@ -179,6 +183,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
         vllm_omni_class="vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit:QwenImageEditPipeline",
         tuned_class="omni_ext.executor.pipelines:TunedQwenImageEditPipeline",
         cancellable=True,
+        partial_images=True,
     ),
     ModelFamily(
         name="qwen-image-edit-plus",
@@ -192,6 +197,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
         ),
         tuned_class="omni_ext.executor.pipelines:TunedQwenImageEditPlusPipeline",
         cancellable=True,
+        partial_images=True,
     ),
     ModelFamily(
         name="flux-kontext",

@@ -388,6 +388,46 @@ PATCHES: tuple[Patch, ...] = (
         upstream="not yet filed; patches/0015-http-header-read-timeout.diff (against vLLM's launcher) is ready to send",
         apply="omni_ext.patches.http_timeouts:apply",
     ),
+    Patch(
+        name="partial-images",
+        target=(
+            "vllm_omni.diffusion.models.qwen_image.cfg_parallel:QwenImageCFGParallelMixin.diffuse, "
+            "vllm_omni.diffusion.distributed.cfg_parallel:CFGParallelMixin.scheduler_step_maybe_with_cfg"
+        ),
+        why=(
+            "OpenAI's image API streams partial images (stream=true, partial_images 1-3): previews while an "
+            "image is made, which the SDK's streaming iterator and chat front-ends show. vLLM-Omni's denoise loop "
+            "has no hook where a preview could be taken, so a streamed request could only ever get its final "
+            "image. Qwen-Image's loop is wrapped to note which requests asked for previews, and the CFG scheduler "
+            "step to decode the clean-latent estimate after evenly spaced steps on the rank that reports the "
+            "job's progress (omni_ext.partials); latents, RNG and output are untouched."
+        ),
+        versions="==0.30.0",
+        where="worker",
+        diff="patches/0016-qwen-image-step-callback-partial-images.diff",
+        test="tests/test_partials.py::test_streamed_generation_sends_partials_then_the_same_image",
+        removal="Drop once vLLM-Omni's image loops take a step callback (upstream diff ready) and serve partials.",
+        upstream="not yet filed; patches/0016-qwen-image-step-callback-partial-images.diff is ready to send",
+        apply="omni_ext.patches.partial_images:apply",
+    ),
+    Patch(
+        name="edit-partial-images",
+        target="vllm_omni.entrypoints.openai.api_server:_generate_with_async_omni",
+        why=(
+            "OpenAI's images.edit takes partial_images for streamed edits; vLLM-Omni's edit endpoint, which "
+            "omni-ext's edit route hands the checked form so that an edit gives stock's bytes, has no such "
+            "field, so the worker could not know that an edit wants previews. The engine call that endpoint "
+            "makes carries the count omni-ext's route set for the request (a context variable) in the sampling "
+            "params' extra_args."
+        ),
+        versions="==0.30.0",
+        where="api",
+        diff="patches/0017-images-edits-carry-partial-images.diff",
+        test="tests/test_tuned_families.py::test_streamed_edit_sends_partials_then_the_same_image",
+        removal="Drop once vLLM-Omni's edit endpoint carries partial_images (upstream diff ready).",
+        upstream="not yet filed; patches/0017-images-edits-carry-partial-images.diff is ready to send",
+        apply="omni_ext.patches.partial_images:apply_edits",
+    ),
 )
 
 

@@ -84,6 +84,11 @@ class _ReportingBar:
         return getattr(self._bar, name)
 
 
+def current_requests() -> list[Any]:
+    """The engine requests (not dummy runs) of the batch this thread runs now (empty outside one)."""
+    return list(getattr(_current, "reqs", None) or [])
+
+
 def apply() -> None:
     from vllm_omni.diffusion.models import progress_bar as pb
     from vllm_omni.diffusion.worker.diffusion_model_runner import DiffusionModelRunner
@@ -92,11 +97,13 @@ def apply() -> None:
 
     @functools.wraps(run)
     def _execute_request_list(self, reqs, *args, **kwargs):
-        _current.ids = [r.request_id for r in reqs if not r.is_dummy_run()]
+        _current.reqs = [r for r in reqs if not r.is_dummy_run()]
+        _current.ids = [r.request_id for r in _current.reqs]
         try:
             return run(self, reqs, *args, **kwargs)
         finally:
             _current.ids = []
+            _current.reqs = []
 
     patch_attr(DiffusionModelRunner, "_execute_request_list", _execute_request_list)
 

@@ -8,6 +8,7 @@
   const JOBS = "omni-ext.playground.jobs";
   const $ = (id) => document.getElementById(id);
   const jobs = new Map(); // local id -> job (see newJob)
+  const PARTIAL_IMAGES = 2; // previews a streamed image asks for (OpenAI allows 0-3)
   let info = null;
 
   // ---- HTTP -------------------------------------------------------------------------------
@@ -354,6 +355,12 @@
                    response_format: form.response_format };
     if (form.negative_prompt) body.negative_prompt = form.negative_prompt;
     common(body, form);
+    // one b64 image from a model that makes previews: streamed, its partial images shown as they come
+    const streamed = !!info.partial_images && body.n === 1 && body.response_format === "b64_json";
+    if (streamed) {
+      body.stream = true;
+      body.partial_images = PARTIAL_IMAGES;
+    }
     const id = `images-${Date.now()}-${Math.floor(Math.random() * 1e6)}`;
     const job = newJob({ id, kind: "image", prompt: body.prompt, created: Date.now(), paths: [] });
     job.keep = false; // listed after a reload only once the server holds its images
@@ -384,7 +391,17 @@
       finish(job, false);
       return;
     }
-    const result = await resp.json();
+    let result;
+    try {
+      result = streamed ? await readImageStream(job, resp) : await resp.json();
+    } catch (e) {
+      if (job.cancelled) return;
+      say($("create-status"), "Failed: " + e.message, true);
+      setStatus(job, "Failed: " + e.message, true);
+      job.card.dataset.status = "failed";
+      finish(job, false);
+      return;
+    }
     say($("create-status"), `${result.data.length} image(s) generated.`);
     job.card.dataset.status = "completed";
     job.bar.value = 100;
@@ -413,6 +430,50 @@
       persist();
       showImages(job, blobs);
     }
+  }
+
+  // A streamed generation's server-sent events: each partial image replaces the card's preview; the
+  // completed event's image is the answer (as {data: [...]}); an error event throws its message.
+  async function readImageStream(job, resp) {
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    let final = null;
+    job.card.dataset.partials = "0";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
+        if (!data) continue;
+        const event = JSON.parse(data);
+        if (event.error) throw new Error(event.error.message || "the generation failed");
+        if (event.type && event.type.endsWith(".partial_image")) showPreview(job, event);
+        else if (event.type && event.type.endsWith(".completed")) final = event;
+      }
+    }
+    for (const old of job.media.querySelectorAll("img.preview")) old.remove();
+    if (!final) throw new Error("the stream ended without an image");
+    return { data: [{ b64_json: final.b64_json }] };
+  }
+
+  function showPreview(job, event) {
+    const bytes = Uint8Array.from(atob(event.b64_json), (c) => c.charCodeAt(0));
+    const src = URL.createObjectURL(new Blob([bytes], { type: `image/${event.output_format || "png"}` }));
+    job.urls.push(src);
+    let img = job.media.querySelector("img.preview");
+    if (!img) {
+      img = el("img", "preview");
+      job.media.append(img);
+    }
+    img.src = src;
+    img.alt = `Preview ${event.partial_image_index + 1}: ${job.entry.prompt}`;
+    job.card.dataset.partials = String(event.partial_image_index + 1);
+    setStatus(job, `running · preview ${event.partial_image_index + 1} of up to ${PARTIAL_IMAGES}`);
   }
 
   async function loadImages(job) {
