@@ -31,7 +31,8 @@ TENANT_KEYS = ("sk-omni-ext-test", "sk-omni-ext-other", "sk-omni-ext-admin")
 SERVERS: dict[str, tuple[str, list[str], dict[str, str]]] = {
     "wan": ("wan2.1-t2v", [], {"OMNI_EXT_API_MAX_UPLOAD_MB": "2"}),
     "wan-cfg2": ("wan2.1-t2v", ["--cfg-parallel-size", "2"], {}),
-    "qwen": ("qwen-image", [], {}),
+    # also: url links behind a proxy on this host (tests/test_links.py: forwarded headers from 127.0.0.1 trusted)
+    "qwen": ("qwen-image", [], {"OMNI_EXT_API_TRUSTED_PROXIES": "127.0.0.1,::1"}),
     # also keyed like wan-api, its admin named by the key itself (tests/test_tenants.py: image links per tenant,
     # and signed links that work without a key)
     "qwen-cfg2": ("qwen-image", ["--cfg-parallel-size", "2", "--api-key", *TENANT_KEYS],

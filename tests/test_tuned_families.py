@@ -212,3 +212,8 @@ def test_streamed_edit_sends_partials_then_the_same_image(servers) -> None:
     images = [base64.b64decode(e.b64_json) for e in events]
     assert len(set(images)) == 3 and images[-1] == _edit(servers["qwen-image-edit-tuned"])
     assert [base64.b64decode(e.b64_json) for e in streamed(servers["qwen-image-edit-stock"])] == images
+    # a JSON edit answers vLLM-Omni's metrics on, as its endpoint gives them
+    form = {k: (None, str(v)) for k, v in EDIT.items()}
+    answer = requests.post(servers["qwen-image-edit-tuned"].url + "/v1/images/edits", timeout=300,
+                           files={**form, "image": ("ref.png", _png(), "image/png")}).json()
+    assert answer["metrics"]["stage_durations"] and "peak_memory_mb" in answer["metrics"], answer.get("metrics")

@@ -125,12 +125,15 @@ async def edit_images(scope: Any, receive: Any, stock_app: Any) -> Any:
     admitted = admit(request, state, spec, reply, request_id, "image edit")
     form, boundary = stock_form(body, spec)
     inner_state: dict[str, Any] = dict(scope.get("state") or {})  # where the endpoint notes its request id
+    metrics: dict[str, Any] = {}
 
     async def edited() -> list[bytes]:
         partials.REQUESTED.set(reply.partial_images)  # this task's context: the endpoint's engine call reads it
         status, answer = await _call(stock_app, scope, receive, form, boundary, inner_state)
         if status != HTTPStatus.OK:
             raise _error(status, answer, request_id)
+        if isinstance(answer.get("metrics"), dict):
+            metrics.update(answer["metrics"])  # its stage durations and peak memory, answered on
         return [base64.b64decode(d["b64_json"]) for d in answer.get("data") or []]
 
     if reply.stream:
@@ -141,7 +144,7 @@ async def edit_images(scope: Any, receive: Any, stock_app: Any) -> Any:
     encoded = await run_admitted(request, admitted, "image", edited())
     if not encoded:
         raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, "The model returned no image.", code="generation_failed")
-    return await respond_encoded(request, state, spec, reply, encoded)
+    return await respond_encoded(request, state, spec, reply, encoded, None, metrics or None)
 
 
 async def _call(stock_app: Any, scope: Any, receive: Any, form: bytes, boundary: bytes,

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from omni_ext import partials
-from omni_ext.api import media, schemas
+from omni_ext.api import links, media, schemas
 from omni_ext.api.disconnect import ClientGone, run_admitted
 from omni_ext.api.errors import APIError, StorageError, generation_error, storage
 from omni_ext.api.intake import ImageReply, read_image_request
@@ -41,8 +41,16 @@ IGNORED_HEADER = "x-omni-ext-ignored-fields"
 #: How often a stream looks for the worker's new partial images (a preview is a VAE decode: far slower).
 PARTIAL_POLL_S = 0.05
 
-async def _generate(request: Request, spec: JobSpec, request_id: str) -> list[Any]:
-    """vLLM-Omni's image generation call; returns PIL images."""
+def response_metrics(stage_durations: Any, peak_memory_mb: Any) -> dict[str, Any]:
+    """vLLM-Omni's ``metrics`` field of an image answer (its route's shape): the pipeline's stage durations
+    (text encoding, denoise loop, VAE) and the peak memory, which its clients and benchmarks read."""
+    return {"stage_durations": stage_durations or None,
+            "peak_memory_mb": float(peak_memory_mb) if peak_memory_mb else None}
+
+
+async def _generate(request: Request, spec: JobSpec, request_id: str,
+                    metrics: dict[str, Any] | None = None) -> list[Any]:
+    """vLLM-Omni's image generation call; returns PIL images (and fills ``metrics``, when given)."""
     from vllm_omni.entrypoints.openai.diffusion import _generate_with_async_omni
     from vllm_omni.entrypoints.openai.images.helpers import _extract_images_from_result
 
@@ -53,21 +61,25 @@ async def _generate(request: Request, spec: JobSpec, request_id: str) -> list[An
         engine_client=engine, gen_params=params, stage_configs=list(stage_configs or []), prompt=prompt,
         request_id=request_id,
     )
+    if metrics is not None:
+        metrics.update(response_metrics(getattr(result, "stage_durations", None),
+                                        getattr(result, "peak_memory_mb", None)))
     return _extract_images_from_result(result)
 
 
 async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply,
-                   images: list[Any]) -> JSONResponse:
+                   images: list[Any], metrics: dict[str, Any] | None) -> JSONResponse:
     fmt, compression = reply.output_format, reply.output_compression
     encoded = [await media.off_loop(media.encode_image, img, fmt, compression) for img in images]
     return await respond_encoded(request, state, spec, reply, encoded,
-                                 f"{images[0].width}x{images[0].height}" if images else None)
+                                 f"{images[0].width}x{images[0].height}" if images else None, metrics)
 
 
 async def respond_encoded(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply, encoded: list[bytes],
-                          size: str | None = None) -> JSONResponse:
+                          size: str | None = None, metrics: dict[str, Any] | None = None) -> JSONResponse:
     """The answer to a generation or an edit whose images are encoded in ``reply.output_format``:
-    ``b64_json``, or ``url`` links to them stored (all or none). ``size``: WxH (None: read from the first)."""
+    ``b64_json``, or ``url`` links to them stored (all or none). ``size``: WxH (None: read from the first);
+    ``metrics``: vLLM-Omni's (:func:`response_metrics`), carried as its own route answers them."""
     fmt = reply.output_format
     if size is None and encoded:
         size = await media.off_loop(media.image_size, encoded[0])
@@ -75,7 +87,7 @@ async def respond_encoded(request: Request, state: ApiState, spec: JobSpec, repl
     if reply.response_format == "b64_json":
         data = [{"b64_json": base64.b64encode(b).decode("ascii"), "revised_prompt": None} for b in encoded]
     else:
-        base = state.settings.public_url or str(request.base_url).rstrip("/")  # behind a proxy: the configured one
+        base = links.base(request, state.settings)  # behind a proxy: the configured or trusted forwarded one
         stored: list[Job] = []
         try:
             state.ensure_room(sum(len(b) for b in encoded))
@@ -103,8 +115,10 @@ async def respond_encoded(request: Request, state: ApiState, spec: JobSpec, repl
                     state.store.delete(job.id)
             raise
     headers = {IGNORED_HEADER: ",".join(reply.ignored)} if reply.ignored else None
-    return JSONResponse({"created": int(time.time()), "data": data, "output_format": fmt, "size": size},
-                        headers=headers)
+    body = {"created": int(time.time()), "data": data, "output_format": fmt, "size": size}
+    if metrics is not None:
+        body["metrics"] = metrics
+    return JSONResponse(body, headers=headers)
 
 
 def admit(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply, request_id: str, what: str) -> Any:
@@ -157,7 +171,9 @@ def stream(request: Request, admitted: Any, spec: JobSpec, reply: ImageReply, wh
                 for index, png in partials.read_new(rid, seen) if rid else []:
                     yield _sse(f"{kind}.partial_image", {"type": f"{kind}.partial_image", "partial_image_index": index,
                                                          "b64_json": await _partial_b64(png, fmt, compression),
-                                                         "created_at": int(time.time()), "size": size, **common})
+                                                         "created_at": int(time.time()),
+                                                         "size": size if spec.width else media.image_size(png),
+                                                         **common})
                 if done:
                     break
             try:
@@ -168,7 +184,8 @@ def stream(request: Request, admitted: Any, spec: JobSpec, reply: ImageReply, wh
                 yield _sse("error", exc.body())
                 return
             except Exception as exc:
-                yield _sse("error", generation_error(exc, "Image generation", admitted.job_id).body())
+                label = "Image edit" if kind == "image_edit" else "Image generation"
+                yield _sse("error", generation_error(exc, label, admitted.job_id).body())
                 return
             if not encoded:
                 yield _sse("error", APIError(HTTPStatus.INTERNAL_SERVER_ERROR, "The model returned no image.",
@@ -211,15 +228,16 @@ async def generate_images(request: Request) -> Response:
                     for img in images]
 
         return stream(request, admitted, spec, reply, "image", "image_generation", encoded(), lambda: request_id)
+    metrics: dict[str, Any] = {}
     try:
-        images = await run_admitted(request, admitted, "image", _generate(request, spec, request_id))
+        images = await run_admitted(request, admitted, "image", _generate(request, spec, request_id, metrics))
     except ClientGone:
         raise
     except Exception as exc:
         raise generation_error(exc, "Image generation", request_id) from None
     if not images:
         raise APIError(HTTPStatus.INTERNAL_SERVER_ERROR, "The model returned no image.", code="generation_failed")
-    return await _respond(request, state, spec, reply, images)
+    return await _respond(request, state, spec, reply, images, metrics)
 
 
 @router.post("/v1/images/variations")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omni_ext.api import bodies, limits
+from omni_ext.api import bodies, limits, links
 from omni_ext.api.bodies import BodyLimits, load_body_limits
 from omni_ext.scheduler.config import Option, omni_ext_section
 
@@ -41,6 +41,10 @@ SETTINGS: tuple[Option, ...] = (
     Option("public_url", "string (an http(s) URL)", None,
            "The server's address as its clients reach it (behind a proxy), the base of `url` image links; "
            "unset: the address the request came to.", "OMNI_EXT_API_PUBLIC_URL"),
+    Option("trusted_proxies", "list of strings (IP addresses or networks)", (),
+           "Peers (a reverse proxy) whose `Forwarded` or `X-Forwarded-Proto`/`-Host`/`-Prefix` headers set the "
+           "base of `url` image links when `public_url` is unset (omni_ext.api.links); headers from any other "
+           "peer are ignored. The variable is comma-separated.", "OMNI_EXT_API_TRUSTED_PROXIES"),
     Option("signed_url_ttl_s", "integer", 0,
            "Seconds a `url` image link works without the API key (a signed, expiring link an `<img>` tag can "
            "load; omni_ext.api.signed). 0: a link needs the key like every other path.",
@@ -68,6 +72,8 @@ class ApiSettings:
     public_url: str | None = None
     #: seconds a ``url`` image link works without the key (:mod:`omni_ext.api.signed`); 0: never
     signed_url_ttl_s: int = 0
+    #: peers whose forwarded headers set the base of links when ``public_url`` is unset (:mod:`omni_ext.api.links`)
+    trusted_proxies: tuple[Any, ...] = ()
 
     @property
     def db_path(self) -> Path:
@@ -116,7 +122,8 @@ def load_settings(args: Any, environ: dict[str, str] | None = None) -> ApiSettin
     return ApiSettings(data_dir=data_dir, ttl_s=ttl, max_upload_bytes=int(upload_mb * 2**20), max_queued=max_queued,
                        max_store_bytes=int(store_mb * 2**20), drain_s=drain_s, admin_keys=tuple(k.strip() for k in admin_keys if k.strip()),
                        bodies=load_body_limits(cfg, env, int(upload_mb * 2**20)),
-                       public_url=public_url(value("public_url")), signed_url_ttl_s=signed_ttl)
+                       public_url=public_url(value("public_url")), signed_url_ttl_s=signed_ttl,
+                       trusted_proxies=links.trusted_networks(value("trusted_proxies")))
 
 
 def public_url(value: Any) -> str | None:
