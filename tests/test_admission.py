@@ -378,7 +378,7 @@ def test_image_generations_are_admitted_and_accounted_while_they_run(tmp_path: P
 
     seen = []
 
-    async def generate(request, spec, request_id):  # vLLM-Omni's engine call, stubbed
+    async def generate(request, spec, request_id, metrics=None):  # vLLM-Omni's engine call, stubbed
         state = request.app.state.omni_ext
         seen.append((spec.priority, request_id in state.queue.jobs))
         files[request_id] = StepProgress(2, 2, time.time() - 0.5, time.time())  # ran for 0.5 s

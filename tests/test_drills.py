@@ -379,7 +379,7 @@ def test_routes_answer_storage_faults_without_leaking_capacity(tmp_path: Path, m
 
     from omni_ext.api import images
 
-    async def generate(request, spec, request_id):  # vLLM-Omni's engine call, stubbed as in test_admission
+    async def generate(request, spec, request_id, metrics=None):  # vLLM-Omni's engine call, stubbed as in test_admission
         return [Image.new("RGB", (32, 32))] * spec.n
 
     monkeypatch.setattr(images, "_generate", generate)
