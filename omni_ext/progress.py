@@ -409,7 +409,8 @@ def record_placement(kind: str, request_id: str, **fields: Any) -> None:
     request to ``ranks`` in ``mode``), ``done`` (every rank answered), ``bind`` (the head's
     dispatcher binds it to a stage replica), or for step-level preemption ``preempt`` (the executor
     asks it to pause, ``reason``, ``for_request``), ``paused`` (every rank paused, before ``step``)
-    and ``resumed`` (after ``paused_s``). Floats are rounded to the millisecond. Best-effort:
+    and ``resumed`` (after ``paused_s``), or ``split`` (a tentative CFG pair stops at its next step to
+    start again on one rank, ``for_request`` the request behind it: placement rule 5). Floats are rounded to the millisecond. Best-effort:
     never raises, never disturbs generation."""
     root = progress_dir()
     if root is None:

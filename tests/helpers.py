@@ -27,7 +27,7 @@ from omni_ext.api.settings import load_settings
 from omni_ext.api.state import ApiState, VideoBackend
 from omni_ext.api.intake import ModelLimits
 from omni_ext.progress import StepProgress
-from omni_ext.scheduler.config import SchedulerConfig
+from omni_ext.scheduler.config import CfgMode, SchedulerConfig
 from omni_ext.server_process import ServeProcess
 
 VIDEO = {"prompt": "a red fox running through fresh snow", "negative_prompt": "blurry, low quality",
@@ -209,11 +209,13 @@ class Clock:
 
 
 def fake_queue(*, tuned: bool = True, slots: int = 1, max_jobs: int | None = None, seed: float = 1 / 576,
-               max_wait_s: float = 2.0, cfg_size: int = 1) -> tuple[RequestQueue, Clock, dict[str, StepProgress]]:
+               max_wait_s: float = 2.0, cfg_size: int = 1,
+               cfg_mode: str = "adaptive") -> tuple[RequestQueue, Clock, dict[str, StepProgress]]:
     """A queue whose 64x64x9, 4-step Wan jobs (576 units) are predicted at 1 s each."""
     clock, files = Clock(), {}
     queue = RequestQueue(SchedulerConfig(max_wait_s=max_wait_s, seconds_per_unit=seed), slots, tuned=tuned, model="tiny",
-                         max_jobs=max_jobs, clock=clock, wall=clock, progress=files.get, cfg_size=cfg_size)
+                         max_jobs=max_jobs, clock=clock, wall=clock, progress=files.get, cfg_size=cfg_size,
+                         cfg_mode=CfgMode(cfg_mode))
     return queue, clock, files
 
 

@@ -247,6 +247,31 @@ def test_the_account_learns_per_run_mode_and_predicts_a_burst_on_single_ranks() 
     assert [a.wait_s for a in admitted] == pytest.approx([single_s * (i // 2) for i in range(8)])
 
 
+def test_a_running_pair_holds_both_ranks_of_its_group_until_it_runs_again_on_one() -> None:
+    """A CFG job that came alone runs as a pair on both ranks of its group (placement rule 5). Within
+    ``settle_s`` of its arrival it is tentative: a request then splits it (it runs again on one rank),
+    so that request is predicted beside it. After that a job admitted behind it waits for the pair,
+    not for a rank the account would think free. Split, it holds one slot (the executor's new marker)."""
+    queue, clock, files = fake_queue(slots=2, cfg_size=2, max_wait_s=3.0)  # adaptive, settle_s 0.05
+    queue.admit("p", 0, SHAPE)
+    files["p"] = StepProgress(0, 4, t_start=clock.t, t_last=clock.t, mode="pair")
+    assert queue.running("p") and (queue.jobs.get("p").mode, queue.jobs.get("p").slots) == ("pair", 2)
+    clock.t += 0.01
+    assert queue.admit("a", 0, SHAPE).wait_s == pytest.approx(0.0)  # within its settle time: it will split
+    queue.cancel("a", "deleted")
+    clock.t += 0.09
+    assert queue.admit("b", 0, SHAPE).wait_s == pytest.approx(0.9)  # the pair's predicted rest: both ranks are its
+    files["p"] = StepProgress(0, 4, t_start=clock.t, t_last=clock.t, mode="single")  # split: again, one rank
+    assert queue.views()["b"].wait_s == pytest.approx(0.0)  # one rank is free again
+    assert (queue.jobs.get("p").mode, queue.jobs.get("p").slots) == ("single", 1)
+    # under cfg_mode "pair" a slot is a group: a pair holds one
+    queue, clock, files = fake_queue(slots=1, cfg_size=2, cfg_mode="pair", max_wait_s=3.0)
+    queue.admit("p", 0, SHAPE)
+    files["p"] = StepProgress(0, 4, t_start=clock.t, t_last=clock.t, mode="pair")
+    clock.t += 0.5
+    assert queue.running("p") and queue.jobs.get("p").slots == 1 and queue.admit("b", 0, SHAPE).wait_s == pytest.approx(0.5)
+
+
 def test_priority_orders_the_account_only_where_the_executor_applies_it() -> None:
     for tuned, expected in ((True, ["urgent", "a", "b"]), (False, ["a", "b", "urgent"])):
         queue, clock, files = fake_queue(tuned=tuned, max_wait_s=100)

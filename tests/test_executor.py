@@ -204,15 +204,13 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
     assert set(ex.jobs.cost.by_shape) == {single_key}
     assert ex.jobs.cost.by_shape[single_key] == pytest.approx(2.0 / a.needs.units)
 
-    # idle: a CFG job alone takes the whole group, once settle_s has shown no burst behind it
+    # idle: a CFG job that came alone takes the whole group at once (a tentative pair: rule 5)
     alone = ex.submit("video_d-0000000d", wan_request())
-    assert len(started(ex)) == 4 and ex.queued() == [alone]
-    deadline = time.monotonic() + 5
-    while len(started(ex)) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert started(ex)[4] == ("video_d-0000000d", (0, 1), "pair")
+    assert started(ex)[4] == ("video_d-0000000d", (0, 1), "pair") and ex.queued() == []
     assert progress.read_progress("video_d").mode == "pair"
+    time.sleep(0.06)  # past its settle time: a request now queues behind the pair instead of splitting it
     e = ex.submit("video_e-0000000e", wan_request())
+    assert not alone.splitting and ex.queued() == [e]
     # a queued adaptive job is predicted as on one rank (measured), an upper bound of the pair time
     [ticket] = [entry.ticket for entry in ex.jobs.ordered(time.monotonic())]
     assert ticket.id == e.job_id and ticket.predicted_s == pytest.approx(2.0) and ticket.cost == ticket.predicted_s
@@ -225,6 +223,55 @@ def test_executor_queue_orders_by_priority_places_adaptively_and_marks_starts(tm
                if e["kind"] != "queued"]
     assert journal[-2:] == [("start", "video_d", (0, 1)), ("done", "video_d", (0, 1))], journal
     assert sum(k == "done" for k, _, _ in journal) == 5  # the warm-up and a-d; e was cancelled while queued
+
+
+def test_a_pair_started_alone_gives_its_group_back_when_a_burst_follows(tmp_path, monkeypatch) -> None:
+    """Placement rule 5's tentative pair: a CFG request that came alone starts as a pair at once; a
+    request that follows within ``settle_s`` and finds no free rank stops it at its next step (the
+    cancel board), and it starts again on one rank beside the newcomer, answered once, with a fresh
+    sequence number. A pair whose stop came after its last step is answered with what it computed."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext import progress
+    from omni_ext.executor import protocol
+
+    monkeypatch.setenv(progress.ENV, str(tmp_path))
+    ex = rank_queue(settle_s=0.5)
+
+    def runs() -> list[tuple[str, int, str, int]]:
+        return [(m.job_id, r, m.mode.value, m.seq) for r, m in ex.sent if isinstance(m, protocol.RunJob)]
+
+    a = ex.submit("video_a-0000000a", wan_request())  # the first request: alone
+    first_seq = a.seq
+    assert runs() == [(a.job_id, 0, "pair", first_seq), (a.job_id, 1, "pair", first_seq)]
+    b = ex.submit("video_b-0000000b", wan_request())  # a burst after all
+    assert a.splitting and ex.queued() == [b] and list(ex.cancel_slots[:2]) == [first_seq, first_seq]
+    stopped = DiffusionOutput(error="DiffusionRequestAbortedError: Request cancelled at a denoise step")
+    ex.answer(0, protocol.JobDone(a.job_id, 0, stopped, True, 0.02))
+    # the newcomer takes the rank that stopped (the layout is not idle: nothing settles); a waits for its partner
+    assert [x[:3] for x in runs()[2:]] == [(b.job_id, 0, "single")] and not a.future.done()
+    ex.answer(1, protocol.JobDone(a.job_id, 1, stopped, True, 0.03))
+    assert not a.future.done() and a.seq != first_seq
+    assert runs()[3] == (a.job_id, 1, "single", a.seq)  # again, on one rank, under its new number
+    finish(ex, a, seconds=2.0)
+    finish(ex, b, seconds=2.0)
+    assert a.future.result(timeout=1).error is None and b.future.result(timeout=1).error is None
+    kinds = [(e["kind"], e["request_id"][:7]) for e in progress.read_placements()[0]]
+    assert ("split", "video_a") in kinds and kinds.count(("done", "video_a")) == 1
+    # learned once, from the run that completed (one rank: 2 s), nothing from the stopped pair
+    assert set(ex.jobs.cost.by_shape) == {"wan2.x-t2v:32x32x5:cfg:single"}
+
+    # a stop that came after the pair's last step: it is answered with its output, not run again
+    time.sleep(0.55)  # c comes alone
+    c = ex.submit("video_c-0000000c", wan_request())
+    time.sleep(0.01)
+    c_gap = ex.submit("video_d-0000000d", wan_request())
+    assert c.splitting
+    ex.answer(1, protocol.JobDone(c.job_id, 1, None, False, 1.0))
+    assert runs()[-1][:3] == (c_gap.job_id, 1, "single") and c_gap.tentative_until is None  # the rank it freed
+    ex.answer(0, protocol.JobDone(c.job_id, 0, DiffusionOutput(), True, 1.0))
+    assert c.future.result(timeout=1).error is None and not c.splitting and len(runs()) == 7
+    ex.abort(["video_d-0000000d"])
 
 
 @pytest.mark.parametrize("raw,expected", [(None, 0), (-1, -1), ("-2", -2), (3.0, 3), ("high", 0), (True, 0), (1.5, 0)])

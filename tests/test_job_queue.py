@@ -29,6 +29,44 @@ def test_a_job_goes_queued_running_finished_and_teaches_the_cost_model() -> None
     assert q.snapshot(10.5) == ([pytest.approx(1.5)], [])
 
 
+def test_a_class_learns_its_fixed_and_per_step_seconds_so_few_step_jobs_are_predicted() -> None:
+    """Issue 38: units scale with the steps, a job's text encoding, decode and serving path do not. A
+    finished job whose whole denoise loop was reported teaches its class both parts in seconds."""
+    from omni_ext.scheduler.cost import CostModel
+
+    units = lambda steps: 100.0 * (2 * steps + 1)  # noqa: E731 (tokens x (steps x branches + decode))
+    m = CostModel()
+    m.observe("k", units(8), 3.0, "pair", steps=8, loop_s=2.2)  # the class's first job ran cold: replaced
+    m.observe("k", units(8), 1.1, "pair", steps=8, loop_s=0.8)  # 0.3 s outside the loop, 0.1 s a step
+    assert m.predict_s("k", units(1), "pair", steps=1) == pytest.approx(0.4)
+    assert m.predict_s("k", units(50), "pair", steps=50) == pytest.approx(5.3)
+    # the unit rate alone (steps unknown) puts the 1-step job at a fifth of what it costs
+    assert m.predict_s("k", units(1), "pair") == pytest.approx(1.1 / units(8) * units(1))
+    m.observe("k", units(2), 0.52, "pair", steps=2, loop_s=0.2)  # averaged: 0.3 -> 0.306, 0.1 stays
+    assert m.fixed["k:pair"] == pytest.approx(0.7 * 0.3 + 0.3 * 0.32)
+    assert m.per_step["k:pair"] == pytest.approx(0.1)
+    # a loop longer than the job, or none, teaches only the unit rate; another mode keeps to the rate
+    m.observe("k", units(4), 0.5, "single", steps=4, loop_s=0.6)
+    assert "k:single" not in m.per_step and m.predict_s("k", units(4), "single", steps=4) == pytest.approx(0.5)
+
+    # through the queue: a job whose step reports covered its loop teaches both; one cut short only the rate
+    q: JobQueue[str] = JobQueue(SchedulerConfig(seconds_per_unit=None))
+    for job_id, steps, took, loop in (("a", 8, 2.0, 1.6), ("b", 8, 1.0, 0.8)):
+        q.submit(job_id, job_id, priority=0, arrival=0.0, key="s", units=units(steps), n_steps=steps)
+        q.start(job_id, 0.0)
+        q.get(job_id).steps = (steps, steps, loop, 0.05)
+        q.finish(job_id, 0.0, seconds=took)
+    assert q.cost.fixed["s"] == pytest.approx(0.2) and q.cost.per_step["s"] == pytest.approx(0.1)
+    one = q.submit("c", "c", priority=0, arrival=0.0, key="s", units=units(1), n_steps=1)
+    assert one.ticket.predicted_s == pytest.approx(0.3)
+    q.start("c", 0.0)
+    q.get("c").steps = (0, 1, 0.0, 0.0)
+    assert q.remaining(q.get("c"), 0.1) == pytest.approx(0.2)  # its prediction less the time it ran
+    q.get("c").steps = (1, 2, 0.1, 0.05)  # reported 1 of 2 steps: not its whole loop (no fixed cost learned)
+    q.finish("c", 0.0, seconds=0.5)
+    assert q.cost.fixed["s"] == pytest.approx(0.2) and q.cost.loops["s"] == 2
+
+
 def test_aborted_forgotten_and_warm_up_jobs_teach_nothing() -> None:
     q: JobQueue[None] = JobQueue(SchedulerConfig(seconds_per_unit=None))
     q.submit("w", None, priority=-5, arrival=0.0, key="s", units=1, learns=not is_warm_up("w"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from omni_ext.scheduler.cost import job_time_limit_s, updated_rate
-from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout, Units, next_placements
+from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout, Units, next_placements, splits, tentative_until
 
 PAIR, SINGLE, ALL = JobMode.PAIR, JobMode.SINGLE, JobMode.ALL_RANKS
 CFG2 = Layout.regular(num_groups=1, group_size=2)  # [[0, 1]]
@@ -436,11 +436,19 @@ def test_an_idle_layout_waits_for_the_burst_then_orders_it_longest_first() -> No
 def test_a_request_that_came_alone_starts_at_once_and_only_a_burst_settles() -> None:
     """Rule 5 holds an idle layout only once a request came within ``settle_s`` of the one before it:
     an isolated request is not held (a pair in pair mode, a single rank), while the rest of a burst
-    that follows it is gathered and ordered as before; the adaptive pair decision still settles."""
+    that follows it is gathered and ordered as before; an adaptive pair starts at once too, tentatively
+    (the executor splits it if a burst follows: tests/test_executor.py)."""
     alone = Job("c0", JobNeeds(PAIR, arrival=10.0, gap_s=5.0))
     assert placed([alone], {0, 1}, CFG2, cfg_mode="pair", now=10.0, settle_s=0.05) == [("c0", (0, 1), "pair")]
-    # ... but an adaptive pair decision waits its settle time even alone (a blind pair takes the group)
-    assert placed([alone], {0, 1}, CFG2, cfg_mode="adaptive", now=10.0, settle_s=0.05) == []
+    assert placed([alone], {0, 1}, CFG2, cfg_mode="adaptive", now=10.0, settle_s=0.05) == [("c0", (0, 1), "pair")]
+    assert tentative_until(PAIR, "adaptive", alone.needs, now=10.0, settle_s=0.05) == pytest.approx(10.05)
+    assert tentative_until(PAIR, "adaptive", alone.needs, now=10.06, settle_s=0.05) is None  # it waited: decided
+    assert tentative_until(PAIR, "pair", alone.needs, now=10.0, settle_s=0.05) is None  # pair mode: no choice made
+    assert tentative_until(SINGLE, "adaptive", alone.needs, now=10.0, settle_s=0.05) is None
+    assert tentative_until(PAIR, "adaptive", alone.needs, now=10.0, settle_s=0.0) is None
+    # split while within its settle time and a job finds no free rank; never after, never when one is free
+    assert splits(10.05, 10.01, blocked=True) and not splits(10.05, 10.01, blocked=False)
+    assert not splits(10.05, 10.06, blocked=True) and not splits(None, 10.01, blocked=True)
     short = Job("s", JobNeeds(SINGLE, units=1.0, arrival=10.0, gap_s=float("inf")))  # the first request ever
     assert placed([short], {0, 1}, CFG1_DP2, now=10.0, settle_s=0.05) == [("s", (0,), "single")]
     # a request 10 ms after the one before it settles, idle layout or adaptive pair

@@ -130,6 +130,10 @@ class RequestQueue:
         self.modes: dict[bool, str | None] = {
             cfg: predicted_mode(JobMode.for_request(needs_cfg=cfg, group_size=cfg_size), cfg_mode).value if tuned else None
             for cfg in (False, True)}
+        # the slots a running CFG pair holds (each rank is a slot unless cfg_mode "pair" counts groups),
+        # and how long one that came alone stays tentative: a burst arriving meanwhile splits it
+        self.pair_slots = cfg_size if tuned and CfgMode(cfg_mode) != CfgMode.PAIR else 1
+        self.tentative_s = config.settle_s if tuned and CfgMode(cfg_mode) == CfgMode.ADAPTIVE else 0.0
         self.model = model
         self.max_jobs = max_jobs
         self.jobs: JobQueue[Tracked] = JobQueue(self.config)
@@ -170,7 +174,7 @@ class RequestQueue:
                            f"omni_ext.api.max_queued); retry after {retry:.1f} s.", retry)
         entry, decision = self.jobs.admit(job_id, Tracked(priority), now=now, priority=priority if self.tuned else 0,
                                           key=shape.key, units=shape.units, admission=self.admission,
-                                          mode=self.modes[shape.cfg],
+                                          mode=self.modes[shape.cfg], n_steps=shape.one_output_steps,
                                           deadline_s=deadline_s)
         if not decision.admitted and accepted:
             self.jobs.add(entry)
@@ -286,6 +290,19 @@ class RequestQueue:
             mode = step.mode if step is not None and self.tuned else None
             self.jobs.start(entry.id, self.clock() - max(0.0, self.wall() - started_wall),
                             mode=mode if mode in MODES else None)
+            self._hold(entry)
+        elif (entry.running and self.tuned and step is not None and step.done == 0 and step.mode in MODES
+              and step.mode != entry.mode):
+            entry.mode = step.mode  # started again in another mode: a tentative pair that a burst split
+            self._hold(entry)
+
+    def _hold(self, entry: Entry[Tracked]) -> None:
+        """The slots a running job holds: a CFG pair holds each rank of its group, once it is no longer
+        tentative (placement rule 5: a CFG job that came alone runs as a pair at once, and a request
+        within ``settle_s`` of it splits it, so that request is predicted beside it, not behind it)."""
+        pair = entry.mode == JobMode.PAIR.value
+        entry.slots = self.pair_slots if pair else 1
+        entry.slots_from = entry.ticket.arrival + self.tentative_s if pair else -math.inf
 
     def _follow_replicas(self) -> None:
         """Admission counts the slots of every live replica: replicas join and leave at run time on a

@@ -222,7 +222,7 @@ class Dispatcher:
         rc = request_cost(pipeline, request, params)
         self.queue.submit(request_id, _Pending(request_id, request, params, submit_kwargs),
                           priority=request_priority(request_id, params), arrival=time.monotonic(), key=rc.key, units=rc.units,
-                          deadline_s=request_deadline_s(request_id, params))
+                          deadline_s=request_deadline_s(request_id, params), n_steps=rc.steps)
         logger.debug("omni-ext dispatch: queued %s (%d waiting)", request_id, self.waiting())
         self.pump()
         entry = self.queue.get(request_id)

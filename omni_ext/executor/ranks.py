@@ -98,6 +98,9 @@ class Job:
     cancelled: set[str] = field(default_factory=set)  # members cancelled while the batch runs on for the others
     parts: list[Part] = field(default_factory=list)  # a batched job's per-request futures
     stop_asked: float | None = None  # monotonic, when the watchdog asked it to stop at its next step
+    tentative_until: float | None = None  # a pair started alone: split if a burst follows before then (rule 5)
+    splitting: bool = False  # its pair stops at the next step, to start again on one rank (:meth:`RankQueue.split`)
+    split_out: Any = None  # what its ranks answered while splitting (a complete output: it finished first)
 
     @property
     def request_ids(self) -> tuple[str, ...]:
@@ -208,7 +211,7 @@ class RankQueue:
                 raise RuntimeError("omni-ext TunedExecutor is not running")
             self.outputs.update(outputs)
             self.jobs.submit(job.job_id, job, priority=priority, arrival=arrival, key=job.shape, units=job.needs.units,
-                             learns=learns, deadline_s=deadline_s)
+                             learns=learns, deadline_s=deadline_s, n_steps=0 if job.batched or _outputs(job.req) > 1 else job.steps)
             self.dispatch()
             if self.jobs.get(job.job_id) is not None and not self.entry(job).running:
                 if self.sched.settle_s > 0:
@@ -410,6 +413,11 @@ class RankQueue:
                 return
             job = entry.payload
             job.answered.add(rank)
+            if job.splitting and not job.dropped:
+                self._split_answer(job, rank, done)
+                self.dispatch()
+                self.lock.notify_all()
+                return
             job.longest_s = max(job.longest_s, done.seconds)
             for r in sorted(job.paused - job.answered) if not job.dropped else ():
                 # it ended here (an error) while others wait paused: they can never meet this rank in
@@ -458,6 +466,8 @@ class RankQueue:
     def _finished(self, job: Job, out: Any, is_error: bool) -> None:
         if is_error:
             self.jobs.forget(job.job_id)  # learn from complete runs only
+        elif not (job.warm_up or job.all_ranks):
+            self._read_steps(self.entry(job))  # its whole loop: the class learns fixed and per-step costs
         self.jobs.finish(job.job_id, time.monotonic(), seconds=job.longest_s)
         logger.info("omni-ext: done request %s on rank(s) %s in %.2f s%s",
                     job.request_id, list(job.ranks), job.longest_s, " (error)" if is_error else "")
@@ -574,7 +584,7 @@ class RankQueue:
         (:func:`~omni_ext.scheduler.placement.predicted_mode`); a mode not measured yet is converted
         from the other one (:class:`~omni_ext.scheduler.cost.CostModel`)."""
         mode = placement.predicted_mode(entry.payload.needs.mode, self.cfg_mode)
-        return model.predict_s(self.cost_key(entry.payload, mode), entry.units)
+        return model.predict_s(self.cost_key(entry.payload, mode), entry.units, steps=entry.n_steps)
 
     def _dispatch_after(self, seconds: float) -> None:
         def again() -> None:
@@ -610,11 +620,14 @@ class RankQueue:
         measured step time, which takes in how much slower it runs beside others than alone."""
         for entry in self.jobs.running():
             job = entry.payload
-            if job.warm_up or job.all_ranks:
-                continue
-            step = progress.read_request(job.request_ids[0])
-            if step is not None and step.done > 0:
-                entry.steps = (step.done, step.total, step.t_last - step.t_start, step.before_loop_s)
+            if not (job.warm_up or job.all_ranks):
+                self._read_steps(entry)
+
+    @staticmethod
+    def _read_steps(entry: Entry[Job]) -> None:
+        step = progress.read_request(entry.payload.request_ids[0])
+        if step is not None and step.done > 0:
+            entry.steps = (step.done, step.total, step.t_last - step.t_start, step.before_loop_s)
 
     def dispatch(self) -> None:
         """Start what the order and placement rules allow now (under the lock; nothing while held):
@@ -654,7 +667,15 @@ class RankQueue:
         for start in starts:
             self._start(start.job, start.ranks, start.mode, now)
             free.difference_update(start.ranks)
-        in_flight = any(not j.is_paused for j in paused)
+        blocked = len(starts) < len(ordered) and not free and not self.hold
+        splitting = False
+        for job in self.running():
+            if job.splitting:
+                splitting = True
+            elif placement.splits(job.tentative_until, now, blocked=blocked) and job.pausing_for is None:
+                self.split(job, ordered[len(starts)])
+                splitting = True
+        in_flight = splitting or any(not j.is_paused for j in paused)
         if len(starts) < len(ordered) and self.preempts and not self.hold:
             head = ordered[len(starts)]
             if in_flight or not self._maybe_preempt(head, free, paused, now):
@@ -671,7 +692,7 @@ class RankQueue:
             preemptions=j.pauses, arrival=entry.ticket.arrival,
             # a batch is not paused: its members' deadlines differ, and vLLM-Omni's batch path has no pause point
             preemptible=not (j.warm_up or j.dropped or j.batched or j.mode is None or held & set(j.ranks)
-                             or _loop_done(entry)),
+                             or j.splitting or _loop_done(entry)),
         )
 
     def _waiting(self, head: Job, now: float) -> preempt.Waiting:
@@ -733,6 +754,48 @@ class RankQueue:
         for start in starts:
             self._start(start.job, start.ranks, start.mode, now)
         return True
+
+    def split(self, job: Job, head: Job) -> None:
+        """A tentative pair (placement rule 5: a CFG request that came alone started as a pair at once)
+        became the first of a burst: ``head`` came within the settle time and finds no free rank. Its
+        ranks stop it at their next step boundary, through the cancel board like a cancel (both stop
+        at the same step), and it is queued again in front (:meth:`_split_answer`), where placement now
+        puts it on one rank beside the burst. Its output bytes are the same either way; what it
+        computed before the stop (its text encoding, at most a step) is spent again."""
+        job.splitting, job.tentative_until, job.split_out = True, None, None
+        for r in job.ranks:
+            self.cancel_slots[r] = job.seq
+        logger.info("omni-ext: request %s started alone as a CFG pair on rank(s) %s; request %s followed within "
+                    "%.0f ms: the pair stops at its next step and the request starts again on one rank",
+                    job.request_id, list(job.ranks), head.request_id, 1000 * self.sched.settle_s)
+        progress.record_placement("split", job.request_id, ranks=list(job.ranks), for_request=head.request_id)
+
+    def _split_answer(self, job: Job, rank: int, done: protocol.JobDone) -> None:
+        """A rank of a splitting pair answered (under the lock): once all have, the job is answered when
+        it had finished before the stop reached it, else it goes back to the queue's front with a fresh
+        sequence number (its ranks' cancel slots still hold the old one)."""
+        if self.busy.get(rank) == job.job_id:
+            self.busy[rank] = None
+        out = done.out
+        if done.owner and out is not None and job.split_out is None:
+            job.split_out = out
+        job.longest_s = max(job.longest_s, done.seconds)
+        if len(job.answered) < len(job.ranks):
+            return
+        out = job.split_out
+        if isinstance(out, DiffusionOutput) and not out.error and not getattr(out, "aborted", False):
+            job.splitting = False  # the stop came after its last step: it is done
+            resolve(job, out)
+            self._finished(job, out, False)
+            return
+        logger.info("omni-ext: request %s stopped as a pair on rank(s) %s after %.2f s; queued again in front",
+                    job.request_id, list(job.ranks), job.longest_s)
+        job.splitting, job.split_out, job.seq = False, None, self.next_id()
+        job.ranks, job.mode, job.started, job.deadline, job.longest_s = (), None, None, None, 0.0
+        job.answered, job.stops = set(), 0
+        entry = self.entry(job)
+        entry.steps, entry.where = (), None
+        self.jobs.add(entry, front=True)
 
     def _maybe_preempt(self, head: Job, free: set[int], paused: list[Job], now: float) -> bool:
         """Ask :func:`omni_ext.scheduler.preempt.choose` whether a running job pauses for ``head`` (one
@@ -798,6 +861,9 @@ class RankQueue:
         entry = self.entry(job)
         ranks = self.units.expand(units)  # the leader of the job's first unit first
         job.ranks, job.mode, job.started = ranks, mode, now
+        if not (job.warm_up or job.batched or job.all_ranks):
+            job.tentative_until = placement.tentative_until(mode, self.cfg_mode, job.needs, now=now,
+                                                            settle_s=self.sched.settle_s)
         self.jobs.start(job.job_id, now, ranks, key=self.cost_key(job, mode))
         predicted = None if job.warm_up else entry.predicted_s
         # The warm-up pays first-call costs (compilation): only a fixed limit applies to it.
@@ -821,13 +887,19 @@ class RankQueue:
             f"batch of {len(job.members)} requests {list(job.members)}" if job.batched else f"request {job.request_id}",
             list(ranks), "warm-up" if job.all_ranks else mode.value, waited,
             "" if job.warm_up else f", priority {entry.ticket.priority}",
-            f", predicted {predicted:.1f} s" if predicted is not None else "",
+            f", predicted {predicted:.3f} s" if predicted is not None else "",
             f", time limit {limit:.0f} s" if limit is not None else "",
         )
         for rid in job.request_ids:
             progress.record_placement("start", rid, ranks=list(ranks), mode="warm-up" if job.all_ranks else mode.value,
                                       waited_s=waited, predicted_s=predicted,
                                       **({"batch": list(job.members)} if job.batched else {}))
+
+
+def _outputs(req: Any) -> int:
+    """Outputs one request asks for (``num_outputs_per_prompt``): its class predicts one."""
+    n = getattr(getattr(req, "sampling_params", None), "num_outputs_per_prompt", 1)
+    return n if isinstance(n, int) and n > 1 else 1
 
 
 def _loop_done(entry: Entry[Job]) -> bool:

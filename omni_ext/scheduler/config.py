@@ -51,7 +51,10 @@ class SchedulerConfig:
     adaptive rule see a burst whole instead of starting its first arrivals blind, once a request
     came within ``settle_s`` of the one before it, an idle executor starts nothing until its first
     queued job has waited ``settle_s`` (a request that came alone is not held), and an adaptive CFG
-    job runs as a pair only once it has waited ``settle_s`` with nobody behind it (placement rule 5).
+    job of such a burst runs as a pair only once it has waited ``settle_s`` with nobody behind it. An
+    adaptive CFG job that came alone starts as a pair at once; if a request follows it within
+    ``settle_s`` and finds no free rank, the pair stops at its next step and runs again on one rank
+    beside the newcomer (placement rule 5). 0 turns both off (every pair decision is final at once).
     ``order`` ("slo"): ``"cost"`` starts the longest predicted job of the best (aged) priority
     first, which keeps a burst near its makespan bound whatever the arrival order; ``"fifo"``
     keeps arrival order within a priority (vLLM-Omni's own order; for comparisons); ``"slo"``

@@ -116,7 +116,15 @@ class CostModel:
     paired job took 0.316 s and its third 0.267 s; the ratio read from that cold pair was about 0.8
     (0.9 against the warm pair), the next shape's about 1.0, and that shape's burst after a paired
     warm-up started a job 5.08 s after its request against a promise of 4.75 s (issue 19 item 5).
-    With this rule the same five bursts (13, 9, 17, 5, 21 frames) started every job within 3.5 s."""
+    With this rule the same five bursts (13, 9, 17, 5, 21 frames) started every job within 3.5 s.
+
+    **Fixed costs.** Cost units grow with the steps, but part of a job does not: text encoding, the
+    VAE decode, the transfer of the output, the serving path around it. Units price that part with a
+    guess (``decode_units``), so a class learned from 8-step jobs under-predicts its 1-step jobs
+    (issue 38: few-step distilled models). A job whose denoise loop was measured (its step reports:
+    ``loop_s`` over ``steps``) teaches its class both parts in seconds, what ran outside the loop and
+    the time of one step, and the class then predicts ``fixed + steps x per_step`` for any step count;
+    classes without such a measurement, and requests whose steps are unknown, keep the unit rate."""
 
     def __init__(self, seed_s_per_unit: float | None = None) -> None:
         self.seed = seed_s_per_unit
@@ -124,13 +132,24 @@ class CostModel:
         self.by_shape: dict[str, float] = {}
         self.by_mode: dict[str, float] = {}
         self.samples: dict[str, int] = {}  # jobs measured per class (the first one ran cold)
+        self.fixed: dict[str, float] = {}  # class -> seconds of a job outside its denoise loop
+        self.per_step: dict[str, float] = {}  # class -> seconds of one denoise step
+        self.loops: dict[str, int] = {}  # jobs of the class whose loop was measured (the first ran cold)
 
-    def observe(self, key: str, units: float, seconds: float, mode: str | None = None) -> None:
+    def observe(self, key: str, units: float, seconds: float, mode: str | None = None, *, steps: int = 0,
+                loop_s: float | None = None) -> None:
         """A job of ``units`` in class ``key`` (run in ``mode``: the class is :func:`mode_key`) ran to
-        completion in ``seconds``; the class's second job replaces its first (cold) one."""
+        completion in ``seconds``, ``loop_s`` of them in its ``steps`` denoise steps when measured;
+        the class's second job replaces its first (cold) one."""
         if units <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
         key = mode_key(key, mode) if mode else key
+        if steps > 0 and loop_s is not None and math.isfinite(loop_s) and 0 < loop_s <= seconds:
+            looped = self.loops.get(key, 0)
+            cold = looped == 1  # replace the first (cold) measurement
+            self.fixed[key] = _averaged(None if cold else self.fixed.get(key), seconds - loop_s)
+            self.per_step[key] = _averaged(None if cold else self.per_step.get(key), loop_s / steps)
+            self.loops[key] = looped + 1
         seen = self.samples.get(key, 0)
         self.by_shape[key] = updated_rate(self.by_shape.get(key) if seen != 1 else None, seconds, units)
         self.samples[key] = seen + 1
@@ -177,9 +196,19 @@ class CostModel:
                 return self.by_mode[other] * self.mode_ratio(mode, other)
         return self.overall if self.overall is not None else self.seed
 
-    def predict_s(self, key: str | None, units: float, mode: str | None = None) -> float | None:
+    def predict_s(self, key: str | None, units: float, mode: str | None = None, steps: int = 0) -> float | None:
+        """Seconds of a job of ``units`` (``steps`` denoise steps, 0: unknown) in class ``key`` (in
+        ``mode``): its class's fixed and per-step seconds when measured, else units at :meth:`rate`."""
+        cls = mode_key(key, mode) if key is not None and mode else key
+        if steps > 0 and cls in self.per_step:
+            return self.fixed[cls] + steps * self.per_step[cls]
         rate = self.rate(key, mode)
         return None if rate is None else units * rate
+
+
+def _averaged(previous: float | None, measured: float) -> float:
+    """The exponential average :func:`updated_rate` keeps, of a value measured directly."""
+    return measured if previous is None else (1 - RATE_WEIGHT) * previous + RATE_WEIGHT * measured
 
 
 def remaining_s(

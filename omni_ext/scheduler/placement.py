@@ -26,11 +26,16 @@ Rules, in queue order:
    starts nothing until its oldest queued job has waited ``settle_s``: a burst is then ordered and
    placed as a burst, not as an idle server that gets one request. A request that came alone is not
    held by that (the hold is pure overhead on an isolated job; a burst loses only the place of its
-   first request, on one rank or its pair-mode group). An adaptive pair decision still waits until
-   the job has waited ``settle_s``, alone or not: a pair started blind takes the whole group from the
-   burst behind it, whose jobs then wait a pair's run and are admitted on single-rank predictions
-   learned late (tried on 12-06: the admission promise after a paired warm-up broke by 0.2-0.6 s,
-   and a filled server admitted a request it should have refused).
+   first request, on one rank or its pair-mode group). Likewise an adaptive pair decision waits
+   until the job has waited ``settle_s`` only when it came within ``settle_s`` of the request before
+   it; a CFG request that came alone starts as a pair at once, *tentatively*: if a request follows
+   it within ``settle_s`` and finds no free rank, the executor stops the pair at its next step
+   boundary and starts it again on one rank (:meth:`omni_ext.executor.ranks.RankQueue.split`), so
+   the burst behind it is placed as if the pair had waited. An isolated job thus pays nothing
+   (50 ms before, issue 38); the first job of a burst pays what its pair computed before the stop
+   (the text encoding, at most a step). A pair started blind and kept (tried on 12-06) took the
+   whole group from the burst behind it, whose jobs then waited a pair's run and broke the
+   admission promise by 0.2-0.6 s.
 6. While the executor holds dispatch (a control-plane RPC waits for every rank to be idle),
    nothing starts.
 """
@@ -205,14 +210,29 @@ def next_placements(
     starts: list[Start[J]] = []
     for i, job in enumerate(queue):
         mode = _mode_now(job.needs.mode, cfg_mode, waiting=len(queue) - i, free=free, layout=layout)
-        if mode is JobMode.PAIR and cfg_mode == CfgMode.ADAPTIVE and now - job.needs.arrival < settle_s:
-            break  # too early to tell an idle server from the first request of a burst
+        if (mode is JobMode.PAIR and cfg_mode == CfgMode.ADAPTIVE and now - job.needs.arrival < settle_s
+                and job.needs.gap_s < settle_s):
+            break  # part of a burst, too early to tell how much of it is still arriving
         ranks = _ranks_for(mode, free, layout)
         if ranks is None:
             break  # later jobs wait for this one
         free.difference_update(ranks)
         starts.append(Start(job, ranks, mode.rank_mode))
     return starts
+
+
+def tentative_until(mode: JobMode, cfg_mode: CfgMode, needs: JobNeeds, *, now: float, settle_s: float) -> float | None:
+    """Until when a job started now in ``mode`` is a tentative pair (rule 5: an adaptive CFG job that
+    came alone, started before it waited ``settle_s``), None when it is not one."""
+    if mode is JobMode.PAIR and cfg_mode == CfgMode.ADAPTIVE and settle_s > 0 and now - needs.arrival < settle_s:
+        return needs.arrival + settle_s
+    return None
+
+
+def splits(until: float | None, now: float, *, blocked: bool) -> bool:
+    """Whether a tentative pair (``until``: :func:`tentative_until`) gives its group back now: a job
+    queued within its settle time (``blocked``: it found no free rank) makes it the first of a burst."""
+    return until is not None and now < until and blocked
 
 
 def _whole_free_groups(free: set[int], layout: Layout) -> int:

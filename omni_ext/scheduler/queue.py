@@ -19,6 +19,7 @@ What each mechanism adds (pipes and ranks, replica bindings, HTTP admission) sta
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -64,6 +65,9 @@ class Entry(Generic[P]):
     speed: float = 1.0
     steps: tuple[int, int, float, float] | tuple[()] = field(default=())
     mode: str | None = None
+    n_steps: int = 0  # its denoise steps, 0: unknown (the cost model's fixed + per-step prediction)
+    slots: int = 1  # slots it holds while it runs (a CFG pair: both ranks of its group) ...
+    slots_from: float = -math.inf  # ... from then on, one before (a tentative pair: placement rule 5)
 
     @property
     def id(self) -> str:
@@ -79,7 +83,7 @@ Predictor = Callable[[Entry, CostModel], "float | None"]
 
 
 def _by_shape(entry: Entry, model: CostModel) -> float | None:
-    return model.predict_s(entry.key, entry.units, entry.mode)
+    return model.predict_s(entry.key, entry.units, entry.mode, entry.n_steps)
 
 
 class JobQueue(Generic[P]):
@@ -96,22 +100,24 @@ class JobQueue(Generic[P]):
 
     # ---- a job's life ----------------------------------------------------------------------
     def entry(self, job_id: str, payload: P, *, priority: int, arrival: float, key: str, units: float,
-              learns: bool = True, deadline_s: float | None = None, mode: str | None = None) -> Entry[P]:
+              learns: bool = True, deadline_s: float | None = None, mode: str | None = None,
+              n_steps: int = 0) -> Entry[P]:
         """A new job priced against this queue, not yet in it (admission decides on it first);
         ``deadline_s``: the request's own deadline (seconds from ``arrival``), None for the default;
-        ``mode``: the run mode it is predicted in (:attr:`Entry.mode`)."""
+        ``mode``: the run mode it is predicted in (:attr:`Entry.mode`); ``n_steps``: its denoise steps."""
         entry = Entry(Ticket(job_id, priority, arrival, deadline_s=deadline_s), key, units, payload, learns=learns,
-                      mode=mode)
+                      mode=mode, n_steps=n_steps)
         self.price(entry)
         return entry
 
     def admit(self, job_id: str, payload: P, *, now: float, priority: int, key: str, units: float,
-              admission: Admission, deadline_s: float | None = None, mode: str | None = None) -> tuple[Entry[P], Decision]:
+              admission: Admission, deadline_s: float | None = None, mode: str | None = None,
+              n_steps: int = 0) -> tuple[Entry[P], Decision]:
         """A new job arriving ``now``: priced, decided on by ``admission`` against this queue as it is
         (:meth:`snapshot`), and queued if admitted. Returns the entry (a refused one is not queued)
         and the decision."""
         entry = self.entry(job_id, payload, priority=priority, arrival=now, key=key, units=units, deadline_s=deadline_s,
-                           mode=mode)
+                           mode=mode, n_steps=n_steps)
         running, queued = self.snapshot(now)
         decision = admission.decide(now, running, queued, entry.ticket)
         if decision.admitted:
@@ -125,10 +131,10 @@ class JobQueue(Generic[P]):
         return entry
 
     def submit(self, job_id: str, payload: P, *, priority: int, arrival: float, key: str, units: float,
-               learns: bool = True, deadline_s: float | None = None) -> Entry[P]:
+               learns: bool = True, deadline_s: float | None = None, n_steps: int = 0) -> Entry[P]:
         """Queue a new job (priced at once)."""
         return self.add(self.entry(job_id, payload, priority=priority, arrival=arrival, key=key, units=units,
-                                   learns=learns, deadline_s=deadline_s))
+                                   learns=learns, deadline_s=deadline_s, n_steps=n_steps))
 
     def start(self, job_id: str, now: float, where: Any = None, *, speed: float = 1.0,
               key: str | None = None, mode: str | None = None) -> Entry[P]:
@@ -140,19 +146,23 @@ class JobQueue(Generic[P]):
             entry.key = key
         if mode is not None:
             entry.mode = mode
-        entry.predicted_s = self.cost.predict_s(entry.key, entry.units, entry.mode)
+        entry.predicted_s = self.cost.predict_s(entry.key, entry.units, entry.mode, entry.n_steps)
         return entry
 
     def finish(self, job_id: str, now: float, seconds: float | None = None) -> float | None:
         """The job is done: it leaves the queue, and its time (``seconds``, else start to ``now``)
-        teaches the cost model unless it may not (:meth:`forget`, a warm-up). Returns that time, or
-        None for a job that never started (nothing is learned then)."""
+        teaches the cost model unless it may not (:meth:`forget`, a warm-up), with the time of its
+        denoise loop when its step reports covered all of it (:attr:`Entry.steps`: fixed and per-step
+        costs). Returns that time, or None for a job that never started (nothing is learned then)."""
         entry = self.entries.pop(job_id, None)
         if entry is None or entry.started is None:
             return None
         took = max(0.0, now - entry.started) if seconds is None else seconds
         if entry.learns:
-            self.cost.observe(entry.key, entry.units, took, entry.mode)
+            done, total, loop_s = entry.steps[:3] if entry.steps else (0, 0, None)
+            whole = total > 0 and done >= total
+            self.cost.observe(entry.key, entry.units, took, entry.mode, steps=total if whole else 0,
+                              loop_s=loop_s if whole else None)
         return took
 
     def abort(self, job_id: str) -> Entry[P] | None:
@@ -201,19 +211,23 @@ class JobQueue(Generic[P]):
         """Predicted seconds left of a running job, times its place's ``speed``: its measured steps
         when known, else its prediction (from what the cost model knows now) less the time it ran;
         None while no rate is known."""
-        predicted = self.cost.predict_s(entry.key, entry.units, entry.mode)
+        predicted = self.cost.predict_s(entry.key, entry.units, entry.mode, entry.n_steps)
         left = remaining_s(predicted, now - (entry.started if entry.started is not None else now), *entry.steps)
         return None if left is None else left * entry.speed
 
     def snapshot(self, now: float) -> tuple[list[float], list[Ticket]]:
         """(predicted seconds left of each running job, the queued tickets priced afresh): what
         :class:`~omni_ext.scheduler.admission.Admission` decides on."""
-        running = [self.remaining(e, now) or 0.0 for e in self.running()]
-        return running, [self.price(e) for e in self.queued()]
+        return self._held(now), [self.price(e) for e in self.queued()]
+
+    def _held(self, now: float) -> list[float]:
+        """Predicted seconds left of each slot a running job holds (a pair's for each of its ranks)."""
+        return [left for e in self.running()
+                for left in [self.remaining(e, now) or 0.0] * (max(1, e.slots) if now >= e.slots_from else 1)]
 
     def estimates(self, now: float, capacity: int) -> dict[str, Estimate]:
         """Queue position and predicted seconds until it starts of every queued job, on ``capacity`` slots."""
         ordered = self.ordered(now, capacity)
-        running = [self.remaining(e, now) or 0.0 for e in self.running()]
+        running = self._held(now)
         starts = start_times(running, [e.ticket.predicted_s or 0.0 for e in ordered], capacity)
         return {e.id: Estimate(i, s) for i, (e, s) in enumerate(zip(ordered, starts))}
