@@ -21,7 +21,7 @@ def test_single_jobs_options_default_to_the_issues_grid() -> None:
     args = parse("--single-jobs")
     assert args.single_jobs is True and parse().single_jobs is False  # the one-device benchmark stays the default
     assert (args.single_frames, args.single_steps, args.single_size) == ((9, 17), (1, 2, 4, 8), "64x64")
-    assert args.single_models == ("wan2.1-t2v", "qwen-image")
+    assert args.single_models == ("wan2.1-t2v", "fastwan", "qwen-image")
     assert args.reps >= s.MIN_REPS and args.settle == 2.0  # at least 5 alternations, the --model settle gap
     got = parse("--single-jobs", "--single-steps", "3,4", "--single-frames", "9", "--single-models", "qwen-image")
     assert (got.single_steps, got.single_frames, got.single_models) == ((3, 4), (9,), ("qwen-image",))
@@ -40,12 +40,14 @@ def test_single_jobs_does_not_combine_with_model_or_sp() -> None:
 
 def test_grid_is_videos_frames_by_steps_then_images_by_steps() -> None:
     rows = s.single_grid()
-    assert len(rows) == 2 * 4 + 4
+    assert len(rows) == 2 * 4 + 2 + 4
     videos = [(r["frames"], r["steps"]) for r in rows if r["model"] == "wan2.1-t2v"]
     assert videos == [(9, 1), (9, 2), (9, 4), (9, 8), (17, 1), (17, 2), (17, 4), (17, 8)]
     images = [r for r in rows if r["model"] == "qwen-image"]
     assert [r["steps"] for r in images] == [1, 2, 4, 8] and all(r["frames"] is None and r["kind"] == "image" for r in images)
-    assert [r["model"] for r in rows] == ["wan2.1-t2v"] * 8 + ["qwen-image"] * 4  # one pair after the other
+    # FastWan's distilled 3 steps whatever --single-steps says, at each frame count
+    assert [(r["frames"], r["steps"]) for r in rows if r["model"] == "fastwan"] == [(9, 3), (17, 3)]
+    assert [r["model"] for r in rows] == ["wan2.1-t2v"] * 8 + ["fastwan"] * 2 + ["qwen-image"] * 4  # one pair after the other
     assert all(r["size"] == "64x64" for r in rows) and len({r["name"] for r in rows}) == len(rows)
     assert rows[0]["name"] == "wan2.1-t2v 64x64 9 frames x1 steps"
     # the order of --single-models is the order the pairs run; images alone need no legal frame count
@@ -60,7 +62,7 @@ def test_grid_is_videos_frames_by_steps_then_images_by_steps() -> None:
 
 def test_row_requests_are_cfg_videos_and_cfg_images_of_the_rows_shape() -> None:
     args = parse("--single-jobs")
-    video, image = s.single_grid((17,), (4,), "64x64")
+    video, image = s.single_grid((17,), (4,), "64x64", ("wan2.1-t2v", "qwen-image"))
     f = s.row_fields(args, video)
     assert (f["size"], f["num_frames"], f["num_inference_steps"], f["guidance_scale"]) == ("64x64", 17, 4, 4.0)
     assert f["negative_prompt"] and "input_reference" not in f
@@ -69,6 +71,9 @@ def test_row_requests_are_cfg_videos_and_cfg_images_of_the_rows_shape() -> None:
     assert g["true_cfg_scale"] > 1 and g["negative_prompt"] and "num_frames" not in g  # a CFG image
     assert s.row_fields(args, image)["seed"] != 1  # the warm-up's seed differs from the timed one's
     assert args.size == "80x80" and args.model is None  # the rows do not change the parsed options
+    [few] = s.single_grid((9,), (4,), "64x64", ("fastwan",))
+    h = s.row_fields(args, few)
+    assert (h["num_frames"], h["num_inference_steps"], h["guidance_scale"]) == (9, 3, 1.0) and "negative_prompt" not in h
 
 
 # ---- figures -----------------------------------------------------------------------------------------
@@ -133,7 +138,7 @@ def test_overall_verdict_pass_fail_incomplete_and_flags() -> None:
 
 def test_table_has_one_line_per_row_and_the_verdict() -> None:
     rows = [{**r, **s.row_summary(st, tu, True, expected_reps=5)} for r, (st, tu) in
-            zip(s.single_grid((9,), (1, 4), "64x64"), ([[0.131] * 5, [0.194] * 5], [[0.3] * 5, [0.29] * 5],
+            zip(s.single_grid((9,), (1, 4), "64x64", ("wan2.1-t2v", "qwen-image")), ([[0.131] * 5, [0.194] * 5], [[0.3] * 5, [0.29] * 5],
                                                        [[0.5] * 5, [0.505] * 5], [[], []]))]
     result = {"rows": rows, "overall": s.overall_verdict(rows, True, 5),
               "pairs": {"wan2.1-t2v": {"error": None, "host": {}},
@@ -179,6 +184,9 @@ def test_run_alternates_on_one_pair_per_model_one_pair_after_the_other(monkeypat
         def url(self, name: str) -> str:
             return name
 
+        def log_path(self, name: str):
+            return tmp_path / f"{name}.log"
+
         def stop(self, *names) -> None:
             events.append(("stop", str(self.model)))
 
@@ -190,6 +198,12 @@ def test_run_alternates_on_one_pair_per_model_one_pair_after_the_other(monkeypat
             events.append(("req", row["name"], url, fields["seed"]))
             if row["model"] == "qwen-image":
                 raise RuntimeError("qwen down")
+            if url == s.TUNED:  # the executor's lines, as a TunedExecutor server logs them
+                n = sum(1 for e in events if e[0] == "req" and e[2] == s.TUNED)
+                with open(tmp_path / f"{s.TUNED}.log", "a") as log:
+                    log.write(f"INFO omni-ext: start request r{n} on rank(s) [0, 1] (pair), waited 0.00 s, priority 0, "
+                              f"predicted {0.2 if n % 3 == 1 else 0.19:.3f} s\n"
+                              f"INFO omni-ext: done request r{n} on rank(s) [0, 1] in 0.190 s\n")
             return {"latency_s": 0.2 if url == s.STOCK else 0.19, "stages": {"WanPipeline.diffuse": 0.1}}
         return send
 
@@ -199,6 +213,7 @@ def test_run_alternates_on_one_pair_per_model_one_pair_after_the_other(monkeypat
     monkeypatch.setattr(s, "_send", send_for)
     monkeypatch.setattr(s.time, "sleep", lambda x: events.append(("sleep", x)))
     args = parse("--single-jobs", "--single-frames", "9", "--single-steps", "1,4", "--reps", "2",
+                 "--single-models", "wan2.1-t2v,qwen-image",
                  "--workdir", str(tmp_path), "--settle", "0.5")
     result = s.run(args)
     starts = [e for e in events if e[0] in ("start", "stop")]
@@ -214,6 +229,10 @@ def test_run_alternates_on_one_pair_per_model_one_pair_after_the_other(monkeypat
     assert [r["pass"] for r in rows] == [True, True, None, None]
     assert rows[0]["figures"]["overhead_ms"]["value"] == pytest.approx(-10.0)
     assert rows[0]["median_diffuse_s"] == {"stock": 0.1, "tuned": 0.1} and len(rows[0]["runs"][s.STOCK]) == 2
+    # the executor's predictions of the row's tuned jobs: the first (its warm-up) 5 % over, the others exact
+    assert [len(r["predictions"]) for r in rows[:2]] == [3, 3]
+    assert rows[0]["prediction"] == {"jobs": 3, "first_error": pytest.approx(0.2 / 0.19 - 1), "median_abs_error": 0.0}
+    assert rows[2]["prediction"] == {"jobs": 0, "first_error": None, "median_abs_error": None}
     # a row that fails (e.g. a step count the model refuses) is recorded and the pair's next rows still run
     assert [r.get("error", "")[:27] for r in rows[2:]] == ["RuntimeError: qwen down"] * 2
     assert len([e for e in events if e[0] == "req" and e[1].startswith("qwen-image")]) == 2

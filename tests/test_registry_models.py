@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import pytest
 import requests
 
 from omni_ext.models.tiny import RELABELLED as TINY_OF
+from omni_ext.models.tiny import relabel
 from tests.helpers import serve_models
 
 TUNED_DP2 = ["--distributed-executor-backend", "omni_ext.executor.TunedExecutor",
@@ -46,14 +46,6 @@ RELABELLED = {
 WHOLE_GROUP_ENV = {"OMNI_EXT_DISABLE_PATCHES": "cancel-at-step"}
 VIDEO = {"prompt": "a red fox running through fresh snow", "size": "64x64", "num_frames": 9, "seed": 11}
 IMAGE = {"prompt": "a lighthouse at dusk", "size": "64x64", "seed": 11, "num_inference_steps": 4}
-
-
-def relabel(model: Path, dest: Path, cls: str, extra: dict) -> Path:
-    """A copy of a tiny model folder whose ``model_index.json`` names ``cls`` (plus ``extra`` keys)."""
-    shutil.copytree(model, dest, symlinks=True)
-    index = json.loads((dest / "model_index.json").read_text())
-    (dest / "model_index.json").write_text(json.dumps({**index, "_class_name": cls, **extra}, indent=2))
-    return dest
 
 
 def test_the_relabelled_classes_are_the_tiny_models_table() -> None:

@@ -118,12 +118,14 @@ def add_subcommands(sub) -> None:
                    help="per-job overhead (issue 38): single requests, one at a time, on ONE pair of servers per model "
                         "(vLLM-Omni's executor and routes vs the TunedExecutor, CFG 2, one thread per process, as "
                         "--model starts them), alternated with --settle between them, --reps alternations per row. "
-                        "Rows: the tiny Wan2.1 at --single-frames x --single-steps, then the tiny Qwen-Image at "
-                        "--single-steps, all at --single-size; the two pairs run one after the other. Per row: median "
+                        "Rows: the tiny Wan2.1 at --single-frames x --single-steps, the same Wan as FastWan's few-step "
+                        "WanDMDPipeline (its 3 distilled steps, CFG-free) at --single-frames, then the tiny Qwen-Image at "
+                        "--single-steps, all at --single-size; the pairs run one after the other. Per row: median "
                         "latency stock and tuned, tuned_vs_stock = stock/tuned (goal >= 1.00), overhead ms = tuned - "
                         "stock (goal <= 10); then an overall verdict. Ignores --size/--frames/--steps and the ceiling "
-                        "options; not with --model or --sp > 1. Defaults (12 rows, 2 warm-ups + 2 x --reps requests each, "
-                        "every one after --settle): ~10-12 min on 2 cores with the two pairs' starts")
+                        "options; not with --model or --sp > 1. Defaults (14 rows, 2 warm-ups + 2 x --reps requests each, "
+                        "every one after --settle): ~13-15 min on 2 cores with the three pairs' starts. Each row also "
+                        "reports the TunedExecutor's prediction error of its jobs (its log)")
     c.add_argument("--single-frames", type=int_list, default=DEFAULT_FRAMES, metavar="F,F",
                    help=f"--single-jobs: the Wan video rows' frame counts, 4k+1 (default {','.join(map(str, DEFAULT_FRAMES))})")
     c.add_argument("--single-steps", type=int_list, default=DEFAULT_STEPS, metavar="S,S",

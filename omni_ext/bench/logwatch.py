@@ -4,7 +4,8 @@ The log's own timestamps have one-second resolution, so the watcher reads the ne
 file every ``interval_s`` (50 ms) and stamps each line with ``time.monotonic()`` when it appears.
 Lines it understands (the TunedExecutor's and the API's own):
 
-- ``omni-ext: start request <id> on rank(s) [0, 1] (pair)`` (or ``(single)``, ``(warm-up)``);
+- ``omni-ext: start request <id> on rank(s) [0, 1] (pair)`` (or ``(single)``, ``(warm-up)``), with the
+  seconds the executor predicted for it (``predicted 0.412 s``) once its cost model knows a rate;
 - ``omni-ext: done request <id> on rank(s) [0] in 2.34 s``;
 - ``omni-ext video <job id> completed in 3.21 s`` (the API process, once the MP4 is stored);
 - ``omni-ext dispatch: <id> -> stage-0 replica 2 (...)`` (the head binding a job to a replica: where a
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _START = re.compile(r"omni-ext: start request (\S+) on rank\(s\) \[([\d,\s]*)\] \(([\w-]+)\)")
+_PREDICTED = re.compile(r", predicted ([\d.]+) s")
 _DONE = re.compile(r"omni-ext: done request (\S+) on rank\(s\) \[([\d,\s]*)\] in ([\d.]+) s")
 _COMPLETED = re.compile(r"omni-ext video (\S+) completed in ([\d.]+) s")
 _DISPATCH = re.compile(r"omni-ext dispatch: (\S+) -> stage-\d+ replica (\d+)")
@@ -35,6 +37,7 @@ class LogEvent:
     t: float  # monotonic time the line was seen
     ranks: tuple[int, ...] = ()
     mode: str | None = None  # start: "pair", "single", "warm-up"
+    predicted_s: float | None = None  # start: the executor's prediction of its seconds (None: no rate known)
     seconds: float | None = None  # done / completed: the duration the line reports
     error: bool = False
 
@@ -47,7 +50,9 @@ def parse_line(line: str, t: float) -> LogEvent | None:
     """The event of one log line, or None."""
     m = _START.search(line)
     if m:
-        return LogEvent("start", m.group(1), t, _ranks(m.group(2)), mode=m.group(3))
+        p = _PREDICTED.search(line, m.end())
+        return LogEvent("start", m.group(1), t, _ranks(m.group(2)), mode=m.group(3),
+                        predicted_s=float(p.group(1)) if p else None)
     m = _DONE.search(line)
     if m:
         return LogEvent("done", m.group(1), t, _ranks(m.group(2)), seconds=float(m.group(3)),

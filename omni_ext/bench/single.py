@@ -1,8 +1,10 @@
 """``omni-ext bench cfg-parallel --single-jobs``: what one short job costs under omni-ext (issue 38, item 1).
 
 A grid of single requests, each sent alone on an idle server pair: the tiny Wan2.1 (``wan2.1-t2v``)
-at ``--single-frames`` (9, 17) x ``--single-steps`` (1, 2, 4, 8) and the tiny Qwen-Image
-(``qwen-image``) at ``--single-steps``, all at ``--single-size`` (64x64) with CFG. Each model gets ONE
+at ``--single-frames`` (9, 17) x ``--single-steps`` (1, 2, 4, 8), the same Wan served as FastWan's few-step
+``WanDMDPipeline`` (``fastwan``: its 3 distilled steps, CFG-free, at ``--single-frames``) and the tiny
+Qwen-Image (``qwen-image``) at ``--single-steps``, all at ``--single-size`` (64x64), with CFG except
+FastWan. Each model gets ONE
 pair of servers, started as ``cfg-parallel --model M`` starts them (:func:`runner.sp_server_specs`
 with ``--sp 1``: ``--cfg-parallel-size 2``, 2 worker processes of one thread each, vLLM-Omni's pipeline
 profiler on both): ``stock_sp`` is vLLM-Omni as it ships (its executor and routes, ``common.STOCK_ENV``),
@@ -32,7 +34,10 @@ from typing import Any
 from omni_ext.bench import common as c
 
 VIDEO_MODEL, IMAGE_MODEL = "wan2.1-t2v", "qwen-image"
-MODELS = (VIDEO_MODEL, IMAGE_MODEL)
+#: The few-step class (issue 38 item 2): the tiny Wan2.1 served as FastWan's ``WanDMDPipeline``, which runs
+#: the 3 timesteps its checkpoint was distilled for whatever the request asks, and no CFG (guidance 1.0).
+FEW_STEP_MODEL, FEW_STEP_CLASS, FEW_STEPS = "fastwan", "WanDMDPipeline", 3
+MODELS = (VIDEO_MODEL, FEW_STEP_MODEL, IMAGE_MODEL)
 DEFAULT_SIZE = "64x64"
 DEFAULT_FRAMES = (9, 17)
 DEFAULT_STEPS = (1, 2, 4, 8)
@@ -74,7 +79,7 @@ def single_grid(frames: tuple[int, ...] = DEFAULT_FRAMES, steps: tuple[int, ...]
     if unknown or not models:
         raise ValueError(f"models must be a subset of {', '.join(MODELS)}, got {list(models)}")
     bad = [f for f in frames if f < 1 or (f - 1) % 4]
-    if VIDEO_MODEL in models and (bad or not frames):
+    if {VIDEO_MODEL, FEW_STEP_MODEL} & set(models) and (bad or not frames):
         raise ValueError(f"Wan frame counts must be 4k + 1 (1, 5, 9, 17, ...), got {list(frames)}")
     if not steps or any(s < 1 for s in steps):
         raise ValueError(f"steps must be positive, got {list(steps)}")
@@ -82,6 +87,8 @@ def single_grid(frames: tuple[int, ...] = DEFAULT_FRAMES, steps: tuple[int, ...]
     for model in dict.fromkeys(models):
         if model == VIDEO_MODEL:
             cells = [(f, s) for f in frames for s in steps]
+        elif model == FEW_STEP_MODEL:
+            cells = [(f, FEW_STEPS) for f in frames]
         else:
             cells = [(None, s) for s in steps]
         for f, s in cells:
@@ -101,6 +108,10 @@ def row_fields(args, row: dict[str, Any], **over: Any) -> dict[str, Any]:
     """The request of a row: a CFG video for Wan (:func:`common.video_fields`), a CFG image for Qwen-Image
     (``omni-ext bench batching``'s request 0: a negative prompt and ``true_cfg_scale``)."""
     ns = row_args(args, row)
+    if row["model"] == FEW_STEP_MODEL:  # CFG-free, as FastWan runs (its default guidance is 1.0)
+        fields = c.video_fields(ns, guidance_scale=1.0, **over)
+        fields.pop("negative_prompt", None)
+        return fields
     if row["kind"] == "video":
         return c.video_fields(ns, **over)
     from omni_ext.bench.batching import request_fields
@@ -148,6 +159,36 @@ def row_summary(stock_s: list[float], tuned_s: list[float], measurement: bool,
     }
 
 
+def predictions(lines: list[str]) -> list[dict[str, float]]:
+    """The TunedExecutor's predicted seconds against the seconds each job took, from its log lines
+    (``start ... predicted X s`` and ``done ... in Y s``), in the order the jobs started; warm-ups and
+    jobs started with no prediction are left out. ``error``: (predicted - took) / took."""
+    from omni_ext.bench.logwatch import parse_line
+
+    started: dict[str, float] = {}
+    out: list[dict[str, float]] = []
+    for line in lines:
+        e = parse_line(line, 0.0)
+        if e is None:
+            continue
+        if e.kind == "start" and e.mode != "warm-up" and e.predicted_s is not None:
+            started[e.request_id] = e.predicted_s
+        elif e.kind == "done" and not e.error and e.request_id in started and e.seconds:
+            predicted = started.pop(e.request_id)
+            out.append({"predicted_s": predicted, "took_s": e.seconds, "error": (predicted - e.seconds) / e.seconds})
+    return out
+
+
+def prediction_summary(jobs: list[dict[str, float]]) -> dict[str, Any]:
+    """A row's prediction errors (:func:`predictions` of its tuned jobs: the warm-up first, then the
+    alternations). ``first_error``: the row's first job, whose step count its shape class had not run
+    before in this grid (the cost model's fixed and per-step split is what predicts it); ``median_abs_error``:
+    the median |error| of the rest."""
+    rest = [abs(j["error"]) for j in jobs[1:]]
+    return {"jobs": len(jobs), "first_error": jobs[0]["error"] if jobs else None,
+            "median_abs_error": c.median(rest) if rest else None}
+
+
 def overall_verdict(rows: list[dict[str, Any]], measurement: bool, reps: int) -> dict[str, Any]:
     """PASS when every row was measured and met both goals; FAIL when any row missed one; INCOMPLETE when
     none missed but some row has no figures (a server or request failed). ``flags`` say what weakens it:
@@ -189,9 +230,10 @@ def verdict_line(overall: dict[str, Any]) -> str:
 
 
 def single_table(result: dict[str, Any]) -> str:
-    """One line per row (median ms stock / tuned, tuned_vs_stock, overhead ms, the paired overhead, reps,
-    verdict with the goals a failed row missed: ``ratio``, ``overhead``), then the overall verdict and any
-    pair's error or busy-host warning."""
+    """One line per row (median ms stock / tuned, tuned_vs_stock, overhead ms, the paired overhead, the
+    executor's prediction error of the row's first job and its median over the rest in %, reps, verdict
+    with the goals a failed row missed: ``ratio``, ``overhead``), then the overall verdict and any pair's
+    error or busy-host warning."""
     rows = []
     for r in result["rows"]:
         med = r.get("median_latency_s") or {}
@@ -203,12 +245,14 @@ def single_table(result: dict[str, Any]) -> str:
                   if (figs.get(key) or {}).get("pass") is False]
         if r.get("pass") is False:
             word = word.replace("FAIL", "FAIL " + "+".join(missed), 1)
+        pred = r.get("prediction") or {}
+        pct = {k: None if pred.get(k) is None else 100.0 * pred[k] for k in ("first_error", "median_abs_error")}
         rows.append([r["name"], c.fmt(ms["stock"], 1), c.fmt(ms["tuned"], 1),
                      (figs.get("tuned_vs_stock") or {}).get("value"),
                      c.fmt((figs.get("overhead_ms") or {}).get("value"), 1), c.fmt(r.get("paired_overhead_ms"), 1),
-                     r.get("reps", 0), word])
-    lines = [c.format_table(["row", "stock ms", "tuned ms", "tuned_vs_stock", "overhead ms", "paired ms", "reps",
-                             "verdict"], rows),
+                     c.fmt(pct["first_error"], 0), c.fmt(pct["median_abs_error"], 0), r.get("reps", 0), word])
+    lines = [c.format_table(["row", "stock ms", "tuned ms", "tuned_vs_stock", "overhead ms", "paired ms",
+                             "pred 1st %", "pred |err| %", "reps", "verdict"], rows),
              verdict_line(result["overall"])]
     for r in result["rows"]:
         if r.get("error"):
@@ -241,8 +285,13 @@ def _measure_pair(args, model: str, rows: list[dict[str, Any]], root: Path, prog
     from omni_ext.bench.common import STOCK_ENV
     from omni_ext.bench.runner import sp_layout, sp_server_specs
 
-    ns = argparse.Namespace(**{**vars(args), "model": model, "workdir": str(root / model)})
+    built = VIDEO_MODEL if model == FEW_STEP_MODEL else model
+    ns = argparse.Namespace(**{**vars(args), "model": built, "workdir": str(root / model)})
     tiny, workdir, base_args, env = c.setup(ns)
+    if model == FEW_STEP_MODEL:
+        from omni_ext.models.tiny import relabel
+
+        tiny = relabel(tiny, Path(workdir) / "model", FEW_STEP_CLASS)
     _, layout_env = sp_layout(1)
     servers = c.Servers(tiny, workdir, base_args, {**env, **layout_env})
     pair["model_path"] = str(tiny)
@@ -265,6 +314,8 @@ def _measure_row(args, servers: c.Servers, row: dict[str, Any], progress: c.Prog
 
     send = _send(row)
     fields = row_fields(args, row)
+    log = servers.log_path(TUNED)
+    offset = log.stat().st_size if log.exists() else 0
     for name in (STOCK, TUNED):  # warm-up: the shape's first-call costs, not counted
         time.sleep(args.settle)
         row["warmup"][name] = send(servers.url(name), row_fields(args, row, seed=1))
@@ -277,6 +328,11 @@ def _measure_row(args, servers: c.Servers, row: dict[str, Any], progress: c.Prog
             d = diffuse_s(r.get("stages") or {})
             progress.advance(note=f"{row['name']} rep {i}: {name} {1000 * r['latency_s']:.0f} ms"
                                   + (f" (diffuse {1000 * d:.0f} ms)" if d else ""))
+    time.sleep(0.2)  # the executor's last "done" line reaches the log
+    if log.exists():
+        with open(log, "rb") as f:
+            f.seek(offset)
+            row["predictions"] = predictions(f.read().decode("utf-8", "replace").splitlines())
 
 
 def run(args) -> dict[str, Any]:
@@ -307,6 +363,7 @@ def run(args) -> dict[str, Any]:
                              pairs[r["model"]]["host"]["measurement"],
                              [diffuse_s(x.get("stages") or {}) for x in runs[STOCK]],
                              [diffuse_s(x.get("stages") or {}) for x in runs[TUNED]], expected_reps=args.reps))
+        r["prediction"] = prediction_summary(r.get("predictions") or [])
     return {
         "benchmark": "cfg-parallel --single-jobs",
         "models": {m: f"tiny {m} '{args.model_size}' (random weights, float32)" for m in pairs},

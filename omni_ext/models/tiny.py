@@ -29,7 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MODELS", "PIPELINES", "RELABELLED", "TAKES_IMAGE", "SIZES", "ONLY_FOR", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info"]
+__all__ = ["MODELS", "PIPELINES", "RELABELLED", "TAKES_IMAGE", "SIZES", "ONLY_FOR", "DTYPES", "INFO_FILE", "build_tiny_model", "model_info",
+           "relabel"]
 
 MODELS: tuple[str, ...] = ("wan2.1-t2v", "wan2.2-i2v", "wan2.2-ti2v", "qwen-image", "qwen-image-edit",
                           "qwen-image-edit-plus")
@@ -665,6 +666,19 @@ def _check_target(out: Path, overwrite: bool) -> None:
         raise FileExistsError(f"{out} exists and is not a directory")
     if not overwrite and any(out.iterdir()):
         raise FileExistsError(f"{out} is not empty; pass overwrite=True to replace it")
+
+
+def relabel(model: str | os.PathLike[str], dest: str | os.PathLike[str], cls: str, extra: dict[str, Any] | None = None) -> Path:
+    """A copy of a tiny model folder (weights linked, not copied) whose ``model_index.json`` names ``cls``
+    (plus ``extra`` keys): the tiny model served as another registered class on its architecture
+    (:data:`RELABELLED`). An existing ``dest`` is replaced."""
+    dest = Path(dest)
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(model, dest, symlinks=True)
+    index = json.loads((dest / "model_index.json").read_text())
+    (dest / "model_index.json").write_text(json.dumps({**index, "_class_name": cls, **(extra or {})}, indent=2))
+    return dest
 
 
 def model_info(path: str | os.PathLike[str]) -> dict[str, Any]:
