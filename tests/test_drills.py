@@ -841,7 +841,10 @@ def test_a_killed_worker_fails_only_its_jobs_and_the_server_heals_itself(own: di
 
     # 3. while a job is paused on the victim's rank (an interactive request runs there in its place)
     before = events_mark(server)
-    a, b = (create(server, **{**LONG_HEAL, "size": "256x256"}, seed=s).json()["id"] for s in (21, 22))
+    # LONG_HEAL at 120 steps: the job on the other group must finish within the 15 s limit while the
+    # victim's group reloads beside it (256x256 x 200 steps took 15.0 s of loop alone in a clean CI run of
+    # 12-07, and 256x256 x 120 steps 9 s of loop and 6 s of decode: both stopped by the watchdog)
+    a, b = (create(server, **{**LONG_HEAL, "num_inference_steps": 120}, seed=s).json()["id"] for s in (21, 22))
     for job in (a, b):
         wait_running(server, job, min_progress=2)
     urgent = create(server, **LONG_HEAL, seed=23, priority=-1).json()["id"]
