@@ -293,12 +293,10 @@ class JobShape:
     units: float
     cfg: bool = False
     steps: int = 0
-    outputs: int = 1  # images per request (``n``): its units count them, its class does not
-
-    @property
-    def one_output_steps(self) -> int:
-        """Its steps where a class's fixed and per-step seconds predict it (one output), else 0."""
-        return self.steps if self.outputs == 1 else 0
+    #: Its steps where a class's fixed and per-step seconds predict it, else 0: a request of several
+    #: outputs (``n``) counts them in its units, not in its class. A field, set by
+    #: :func:`request_cost`, so that the API's admission reads it without a call.
+    one_output_steps: int = 0
 
 
 def request_cost(pipeline: str | None, prompt: Any, sp: Any, cfg: bool | None = None, n: int = 1) -> JobShape:
@@ -315,7 +313,7 @@ def request_cost(pipeline: str | None, prompt: Any, sp: Any, cfg: bool | None = 
     if family is None:  # no family: the request's own length (an image request names none)
         frames = int(_get(sp, "num_frames") or 1)
     key = shape_key(family.name if family else pipeline, width, height, frames, cfg)
-    return JobShape(key, cost_units(pipeline, sp, cfg) * max(1, n), cfg, steps, max(1, n))
+    return JobShape(key, cost_units(pipeline, sp, cfg) * max(1, n), cfg, steps, steps if n <= 1 else 0)
 
 
 def job_shape(
