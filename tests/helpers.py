@@ -300,6 +300,12 @@ def wan_request(priority=None, guidance: float = 4.0):
 
 # ---- a server of a test's own: a test that kills or restarts a server never shares it ----------------
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
+#: Served in float32 (the tiny models are built in bfloat16, vLLM-Omni's default dtype): on an x86 CPU
+#: without AVX512-BF16 or AMX a bfloat16 linear is ~15x and a conv3d ~7x slower than float32 (the CI's
+#: AMD EPYC with AVX2 only: one 64x64 Qwen-Image-Edit took 62 s in bfloat16, and the suite ran past CI's
+#: 90 minutes). Tests that compare bytes between servers give them the same dtype; the drills, the
+#: shared pool and the cancel and preemption tests keep the default, whose speed their lengths assume.
+FLOAT32 = ["--dtype", "float32"]
 #: ``wan-drill`` (tests/conftest.py) and the restart drill's own servers: one TunedExecutor worker (one
 #: slot) on one thread (with two, the worker's parallel regions wait on a thread that a busy host has
 #: descheduled: 9x slower in a test run), a bound on the predicted wait that admits 20 long requests,
@@ -545,12 +551,14 @@ def serve_models(workdir: Path, specs: dict[str, tuple[str, list[str], dict[str,
     accepts (a folder, or a Hugging Face repo id that the env's ``HF_HOME``/``HF_HUB_OFFLINE`` resolve),
     started together, waited for, and stopped afterwards; each with its storage and API data directory
     under ``workdir / name`` and one thread per process, like :func:`own_servers` (whose servers all
-    serve one tiny model folder). Tests that use it are marked ``server``."""
+    serve one tiny model folder), in :data:`FLOAT32` unless ``args`` name a dtype. Tests that use it are
+    marked ``server``."""
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
         pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts vllm-omni servers of its own")
     procs: dict[str, ServeProcess] = {}
     try:
         for name, (model, args, env) in specs.items():
+            args = args if "--dtype" in args else [*args, *FLOAT32]
             procs[name] = _launch(model, workdir, name, args, env, None)  # type: ignore[arg-type] (str(model))
         for name, proc in procs.items():
             proc.wait_ready(START_TIMEOUT_S)

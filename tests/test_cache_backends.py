@@ -23,7 +23,7 @@ import re
 import pytest
 
 from omni_ext.scheduler.cost import CACHE_SPEEDUP
-from tests.helpers import png_from, image_gen, video_sync
+from tests.helpers import FLOAT32, png_from, image_gen, video_sync
 
 TUNED = "omni_ext.executor.TunedExecutor"
 #: Enough steps that the caches skip work (cache-dit's default warm-up is 8 computed steps).
@@ -36,6 +36,7 @@ SEED = {"omni_ext": {"scheduler": {"seconds_per_unit": 0.002}}}
 
 def _pair(args: list[str], seed: bool = False) -> dict:
     extra = ["--additional-config", json.dumps(SEED)] if seed else []
+    args = [*args, *FLOAT32]
     return {"stock": (args, {}), "tuned": ([*args, "--distributed-executor-backend", TUNED, *extra], {})}
 
 

@@ -23,11 +23,12 @@ import pytest
 import requests
 
 from tests.helpers import (
+    FLOAT32,
     IMAGE, events_mark, image_gen, new_events, placements, png_from, video_sync, wait_for_events,
 )
 
 TUNED = "omni_ext.executor.TunedExecutor"
-LAYOUT = ["--cfg-parallel-size", "2", "--ulysses-degree", "2"]
+LAYOUT = ["--cfg-parallel-size", "2", "--ulysses-degree", "2", *FLOAT32]
 #: Four worker processes on this 2-core host: four CPU "devices", one thread per process.
 ENV = {"OMNI_EXT_CPU_VISIBLE_DEVICES": "0,1,2,3", "OMP_NUM_THREADS": "1"}
 SHAPE = dict(size="32x32", num_frames=5)
@@ -119,7 +120,7 @@ def test_qwen_image_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) 
 
 #: CFG 2 x TP 2 (the Wan2.2-A14B presets' layout, whose TP fits the weights): 4 processes, each unit the
 #: two TP processes of one CFG half.
-TP_LAYOUT = ["--cfg-parallel-size", "2", "--tensor-parallel-size", "2"]
+TP_LAYOUT = ["--cfg-parallel-size", "2", "--tensor-parallel-size", "2", *FLOAT32]
 TP_SERVERS = {"stock": (TP_LAYOUT, ENV), "tuned": ([*TP_LAYOUT, "--distributed-executor-backend", TUNED], ENV)}
 
 
