@@ -240,3 +240,40 @@ def test_run_alternates_on_one_pair_per_model_one_pair_after_the_other(monkeypat
     assert result["overall"]["verdict"] == "INCOMPLETE" and result["overall"]["flags"] == [
         "2 alternations per row, fewer than the 5 the goal asks for"]
     assert "qwen-image 64x64 image x1 steps failed: RuntimeError: qwen down" in s.single_table(result)
+
+
+def test_breakdown_takes_a_tuned_answer_apart_and_leaves_what_stock_does_not_report_none() -> None:
+    """Stock's answer reports the engine's time and the pipeline's stages; a tuned one adds the
+    executor's hops and the route's encode. Each part in ms; the parts add up to the latency."""
+    stock = {"latency_s": 0.300, "stages": {"WanPipeline.text_encoder.forward": 0.050, "WanPipeline.diffuse": 0.100,
+                                            "WanPipeline.vae.decode": 0.080, "queue_wait_ms": 0.3, "stage_0_gen_ms": 260.0}}
+    b = s.breakdown(stock)
+    assert set(b) == set(s.PARTS)
+    assert b["route"] == pytest.approx(40.0) and b["engine"] == pytest.approx(30.0)
+    assert (b["text"], b["loop"], b["decode"]) == pytest.approx((50.0, 100.0, 80.0))
+    assert b["queue"] is b["to_worker"] is b["from_worker"] is b["worker_other"] is b["encode"] is None
+    tuned = {"latency_s": 0.290, "stages": {"WanPipeline.text_encoder.forward": 0.040, "WanPipeline.diffuse": 0.100,
+                                            "stage_0_gen_ms": 250.0, "omni_ext.queue": 0.001, "omni_ext.to_worker": 0.002,
+                                            "omni_ext.worker": 0.220, "omni_ext.from_worker": 0.004, "omni_ext.encode": 0.010}}
+    t = s.breakdown(tuned)
+    assert t["worker_other"] == pytest.approx(80.0)  # the split decode, not profiled, is the worker's own
+    assert (t["queue"], t["to_worker"], t["from_worker"], t["encode"]) == pytest.approx((1.0, 2.0, 4.0, 10.0))
+    assert t["route"] == pytest.approx(30.0) and t["engine"] == pytest.approx(250.0 - 220.0 - 7.0)
+    assert sum(v for v in t.values() if v is not None) == pytest.approx(290.0)
+    assert sum(v for v in b.values() if v is not None) == pytest.approx(300.0)
+    assert set(s.breakdown({"latency_s": 0.1, "stages": {}}).values()) == {None}  # no engine time: nothing to split
+
+
+def test_row_breakdown_medians_per_part_and_the_delta_where_both_report_it() -> None:
+    def run(lat, gen, loop, **ours):
+        return {"latency_s": lat, "stages": {"P.diffuse": loop, "stage_0_gen_ms": gen, **{f"omni_ext.{k}": v for k, v in ours.items()}}}
+
+    stock = [run(0.2, 180.0, 0.1), run(0.22, 190.0, 0.11), run(0.21, 185.0, 0.12)]
+    tuned = [run(0.19, 175.0, 0.1, queue=0.001), run(0.2, 176.0, 0.1, queue=0.003), run(0.5, 480.0, 0.1, queue=0.002)]
+    rb = s.row_breakdown(stock, tuned)
+    assert rb["loop"] == {"stock": pytest.approx(110.0), "tuned": pytest.approx(100.0), "delta": pytest.approx(-10.0)}
+    assert rb["queue"]["stock"] is None and rb["queue"]["tuned"] == pytest.approx(2.0) and rb["queue"]["delta"] is None
+    assert rb["route"]["tuned"] == pytest.approx(20.0)  # the outlier's engine time is not the route's
+    table = s.breakdown_table({"rows": [{"name": "wan x1", "breakdown": rb}, {"name": "failed"}]})
+    assert "wan x1" in table and "110.0/100.0" in table and "-/2.0" in table and "failed" not in table
+    assert all(f"  {p}: " in table for p in s.PARTS)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -150,6 +151,34 @@ def test_executor_reader_frees_the_segments_of_an_output_it_discards() -> None:
         mine.close()
         reader.join(10)
     assert names and not any((SHM / n).exists() for n in names)
+
+
+def test_an_answered_request_carries_the_executors_hops_beside_the_pipelines_stages() -> None:
+    """The owner rank's answer, through a real pipe with the worker's clock readings, reaches the
+    engine with ``omni_ext.queue``/``to_worker``/``worker``/``from_worker`` added to the stage
+    durations the pipeline reported (what ``bench cfg-parallel --single-jobs`` takes apart)."""
+    from vllm_omni.diffusion.data import DiffusionOutput
+
+    from omni_ext.executor import protocol
+    from omni_ext.executor.ranks import hops
+    from tests.helpers import rank_queue, wan_request
+
+    assert hops(10.0, 10.5, 10.75, 11.0, 12.0) == {"omni_ext.queue": 0.5, "omni_ext.to_worker": 0.25,
+                                                   "omni_ext.worker": 0.25, "omni_ext.from_worker": 1.0}
+    assert hops(10.0, None, 10.75, 11.0, 12.0) == {} and hops(10.0, 10.5, 0.0, 0.0, 12.0) == {}
+    ex = rank_queue(cfg_mode="pair", settle_s=0)
+    job = ex.submit("video_b-0000000b", wan_request())
+    began = time.monotonic()
+    out = DiffusionOutput(output=torch.rand(1, 3, 5, 8, 8), stage_durations={"WanPipeline.diffuse": 0.01})
+    here, there = multiprocessing.Pipe()
+    protocol.output_to_shared_memory(out)
+    protocol.send(here, protocol.JobDone(job.job_id, 1, out, True, 0.02, began, began + 0.02))
+    ex.answer(1, protocol.recv(there))
+    ex.on_done(0, protocol.JobDone(job.job_id, 0, None, False, 0.02, began, began + 0.02))
+    stages = job.future.result(timeout=10).stage_durations
+    assert stages["WanPipeline.diffuse"] == 0.01 and stages["omni_ext.worker"] == pytest.approx(0.02)
+    assert 0.0 <= stages["omni_ext.queue"] < 5 and 0.0 <= stages["omni_ext.to_worker"] < 5
+    assert 0.0 <= stages["omni_ext.from_worker"] < 5
 
 
 # --------------------------------------------------------------------------------------------------

@@ -70,7 +70,10 @@ async def _generate(request: Request, spec: JobSpec, request_id: str,
 async def _respond(request: Request, state: ApiState, spec: JobSpec, reply: ImageReply,
                    images: list[Any], metrics: dict[str, Any] | None) -> JSONResponse:
     fmt, compression = reply.output_format, reply.output_compression
+    encoding = time.perf_counter()
     encoded = [await media.off_loop(media.encode_image, img, fmt, compression) for img in images]
+    if metrics and metrics.get("stage_durations"):  # beside the pipeline's stages, where they are reported
+        metrics["stage_durations"]["omni_ext.encode"] = time.perf_counter() - encoding
     return await respond_encoded(request, state, spec, reply, encoded,
                                  f"{images[0].width}x{images[0].height}" if images else None, metrics)
 

@@ -416,7 +416,9 @@ async def create_video_sync(request: Request) -> Response:
         admitted = state.queue.admit(request_id, spec.priority, spec.shape, spec.deadline_s)  # or 429
         artifacts = await run_admitted(request, admitted, "video", asyncio.wait_for(
             generate(backend.handler, spec, request_id, admitted), timeout=timeout))
+        encoding = time.perf_counter()
         mp4 = await encode_mp4(backend.handler, spec.request, artifacts)
+        stages = {**(artifacts.stage_durations or {}), "omni_ext.encode": time.perf_counter() - encoding}
     except (ClientGone, APIError):
         raise
     except asyncio.TimeoutError:
@@ -430,7 +432,7 @@ async def create_video_sync(request: Request) -> Response:
         "X-Request-Id": request_id,
         "X-Model": state.model_name,
         "X-Inference-Time-S": f"{time.perf_counter() - started:.3f}",
-        "X-Stage-Durations": json.dumps(artifacts.stage_durations, separators=(",", ":")),
+        "X-Stage-Durations": json.dumps(stages, separators=(",", ":")),
         "X-Peak-Memory-MB": f"{artifacts.peak_memory_mb or 0:.3f}",
     })
 

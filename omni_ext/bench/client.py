@@ -63,7 +63,7 @@ def sync_edit_request(url: str, fields: dict[str, Any], timeout: float = 1800) -
 
 def sync_image_request(url: str, fields: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
     """One ``POST /v1/images/generations`` (a JSON body): the same record as :func:`sync_edit_request`
-    (stage durations where the route's answer has ``metrics``: vLLM-Omni's does, omni-ext's does not)."""
+    (the stage durations of its answer's ``metrics``, which vLLM-Omni's route and omni-ext's both give)."""
     return _sync_image(url + "/v1/images/generations", timeout, json=fields)
 
 

@@ -159,6 +159,85 @@ def row_summary(stock_s: list[float], tuned_s: list[float], measurement: bool,
     }
 
 
+#: The parts of one request's latency (:func:`breakdown`), in the order the breakdown table lists them.
+PARTS = ("route", "encode", "engine", "queue", "to_worker", "worker_other", "text", "loop", "decode", "from_worker")
+#: What each part is; ``-`` in a stock column: vLLM-Omni's answer does not report it, it lies in
+#: ``route`` or ``engine``.
+PART_NOTES = {
+    "route": "client to the engine and back: HTTP, parsing, admission, the answer (latency - stage_0_gen_ms - encode)",
+    "encode": "the route's encoding of the result (mp4, png): omni-ext's routes report it",
+    "engine": "the engine and executor outside the parts below (stage_0_gen_ms - the rest)",
+    "queue": "the TunedExecutor's queue and placement (arrival to start)",
+    "to_worker": "start to the worker beginning it (the pipe, the worker's wake-up)",
+    "worker_other": "the worker's run outside the profiled pipeline stages",
+    "text": "the pipeline's text encoding",
+    "loop": "the denoise loop (<Pipeline>.diffuse)",
+    "decode": "the VAE decode (<Pipeline>.vae.decode; the tuned Wan's split decode is not profiled: worker_other)",
+    "from_worker": "output computed to the executor holding it (shared memory, the pipe)",
+}
+
+
+def breakdown(run: dict[str, Any]) -> dict[str, float | None]:
+    """One request's latency taken apart, in ms, from the client's latency and the stage durations of
+    its answer (vLLM-Omni's pipeline profiler, its engine's ``stage_0_gen_ms`` and, under omni-ext, the
+    TunedExecutor's hops, :func:`omni_ext.executor.ranks.hops`, and the route's encode). A part the
+    answer does not report is None and its time stays in ``route`` or ``engine``; all None without
+    ``stage_0_gen_ms``."""
+    stages = run.get("stages") or {}
+    parts: dict[str, float | None] = dict.fromkeys(PARTS)
+    gen_ms = stages.get("stage_0_gen_ms")
+    if not isinstance(gen_ms, (int, float)):
+        return parts
+
+    def seconds(suffix: str) -> float | None:
+        vals = [v for k, v in stages.items() if k.endswith(suffix) and not k.startswith("omni_ext.")
+                and isinstance(v, (int, float))]
+        return 1000.0 * sum(vals) if vals else None
+
+    def ours(name: str) -> float | None:
+        v = stages.get(f"omni_ext.{name}")
+        return 1000.0 * v if isinstance(v, (int, float)) else None
+
+    parts.update(text=seconds(".text_encoder.forward"), loop=seconds(".diffuse"), decode=seconds(".vae.decode"),
+                 encode=ours("encode"), queue=ours("queue"), to_worker=ours("to_worker"), from_worker=ours("from_worker"))
+    pipeline = sum(parts[k] or 0.0 for k in ("text", "loop", "decode"))
+    worker = ours("worker")
+    if worker is not None:
+        parts["worker_other"] = worker - pipeline
+        pipeline = worker
+    parts["route"] = 1000.0 * run["latency_s"] - gen_ms - (parts["encode"] or 0.0)
+    parts["engine"] = gen_ms - pipeline - sum(parts[k] or 0.0 for k in ("queue", "to_worker", "from_worker"))
+    return parts
+
+
+def row_breakdown(stock: list[dict[str, Any]], tuned: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per part (:data:`PARTS`): the median ms over a row's stock runs and over its tuned runs, and
+    ``delta`` = tuned - stock where both report it. The medians of parts need not add up to the median
+    latency; each part's delta says where tuned and stock differ."""
+    def med(runs: list[dict[str, Any]], part: str) -> float | None:
+        vals = [v for v in (breakdown(r)[part] for r in runs) if v is not None]
+        return c.median(vals) if vals else None
+
+    out = {}
+    for part in PARTS:
+        s, t = med(stock, part), med(tuned, part)
+        out[part] = {"stock": s, "tuned": t, "delta": None if s is None or t is None else t - s}
+    return out
+
+
+def breakdown_table(result: dict[str, Any]) -> str:
+    """Per row, per part: stock ms / tuned ms (``-``: not reported; see :data:`PART_NOTES`)."""
+    rows = []
+    for r in result["rows"]:
+        b = r.get("breakdown")
+        if not b:
+            continue
+        rows.append([r["name"], *[f"{c.fmt(b[p]['stock'], 1)}/{c.fmt(b[p]['tuned'], 1)}" for p in PARTS]])
+    notes = "\n".join(f"  {p}: {PART_NOTES[p]}" for p in PARTS)
+    return ("per-job time taken apart, median ms stock/tuned:\n" + c.format_table(["row", *PARTS], rows)
+            + "\n" + notes)
+
+
 def predictions(lines: list[str]) -> list[dict[str, float]]:
     """The TunedExecutor's predicted seconds against the seconds each job took, from its log lines
     (``start ... predicted X s`` and ``done ... in Y s``), in the order the jobs started; warm-ups and
@@ -254,6 +333,8 @@ def single_table(result: dict[str, Any]) -> str:
     lines = [c.format_table(["row", "stock ms", "tuned ms", "tuned_vs_stock", "overhead ms", "paired ms",
                              "pred 1st %", "pred |err| %", "reps", "verdict"], rows),
              verdict_line(result["overall"])]
+    if any(r.get("breakdown") for r in result["rows"]):
+        lines.append(breakdown_table(result))
     for r in result["rows"]:
         if r.get("error"):
             lines.append(f"{r['name']} failed: {r['error'][:300]}")
@@ -364,6 +445,7 @@ def run(args) -> dict[str, Any]:
                              [diffuse_s(x.get("stages") or {}) for x in runs[STOCK]],
                              [diffuse_s(x.get("stages") or {}) for x in runs[TUNED]], expected_reps=args.reps))
         r["prediction"] = prediction_summary(r.get("predictions") or [])
+        r["breakdown"] = row_breakdown(runs[STOCK], runs[TUNED])
     return {
         "benchmark": "cfg-parallel --single-jobs",
         "models": {m: f"tiny {m} '{args.model_size}' (random weights, float32)" for m in pairs},

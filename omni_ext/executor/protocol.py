@@ -100,6 +100,11 @@ class JobDone:
     out: Any
     owner: bool
     seconds: float
+    #: ``time.monotonic()`` in the worker when it began this run of the job and when its output was
+    #: computed (before the move to shared memory). The clock is the host's, the same in every process,
+    #: so the executor times the hops around the pipeline with them (:func:`~omni_ext.executor.ranks.hops`).
+    began: float = 0.0
+    ended: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -429,6 +429,9 @@ class RankQueue:
                 if rank == job.ranks[0] or is_error:
                     job.first_out = out  # the warm-up answers once every rank is done
             elif ((owner and out is not None) or is_error) and not job.dropped:
+                if owner and not (is_error or job.batched or job.stops) and isinstance(out, DiffusionOutput):
+                    out.stage_durations = {**(out.stage_durations or {}), **hops(
+                        entry.ticket.arrival, job.started, done.began, done.ended, time.monotonic())}
                 resolve(job, out)  # answer now, even if the partner rank is still finishing
             if len(job.answered) == len(job.ranks):
                 self._finished(job, out, is_error)
@@ -894,6 +897,22 @@ class RankQueue:
             progress.record_placement("start", rid, ranks=list(ranks), mode="warm-up" if job.all_ranks else mode.value,
                                       waited_s=waited, predicted_s=predicted,
                                       **({"batch": list(job.members)} if job.batched else {}))
+
+
+def hops(arrival: float, started: float | None, began: float, ended: float, now: float) -> dict[str, float]:
+    """Seconds one request spent around its pipeline run here, added to its answer's stage durations
+    beside the pipeline profiler's (``X-Stage-Durations``, an image answer's ``metrics``), so that
+    what the TunedExecutor adds per job is read per request (``bench cfg-parallel --single-jobs``
+    takes the overhead over vLLM-Omni's executor apart with them): ``omni_ext.queue`` from its
+    arrival here to its start (the queue and placement), ``omni_ext.to_worker`` from its start to
+    its worker beginning it (the pipe and the worker's wake-up), ``omni_ext.worker`` the worker's run
+    (the pipeline and its role set-up), ``omni_ext.from_worker`` from its output computed to here
+    (shared memory, the pipe, the copy out). Empty without the worker's clock readings (a job that
+    paused or ran as a batch is not timed: its hops are not one request's)."""
+    if started is None or began <= 0.0 or ended < began:
+        return {}
+    return {"omni_ext.queue": max(0.0, started - arrival), "omni_ext.to_worker": max(0.0, began - started),
+            "omni_ext.worker": ended - began, "omni_ext.from_worker": max(0.0, now - ended)}
 
 
 def _outputs(req: Any) -> int:

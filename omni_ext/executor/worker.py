@@ -265,7 +265,7 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob, threa
     set_role(job.mode, cfg_rank=units.cfg_rank(rank, job.cfg_size) if pair else 0, cfg_size=job.cfg_size,
              seq=job.seq, ranks=together, sp_rank=units.sp_rank(rank))
     ROLE.pause_hook = thread.pause if thread is not None else None
-    t0 = time.perf_counter()
+    t0, began = time.perf_counter(), time.monotonic()
     _reset_peak(current_omni_platform)
     try:
         if isinstance(job.req, list):
@@ -284,7 +284,7 @@ def _run_job(worker: Any, od_config: Any, rank: int, job: protocol.RunJob, threa
             if isinstance(one, DiffusionOutput):
                 one.peak_memory_mb = max(float(one.peak_memory_mb or 0.0), peak)
     seconds = time.perf_counter() - t0 - (thread.paused_s if thread is not None else 0.0)
-    return protocol.JobDone(job.job_id, rank, out if owner else None, owner, seconds)
+    return protocol.JobDone(job.job_id, rank, out if owner else None, owner, seconds, began, time.monotonic())
 
 
 def _run_batch(worker: Any, reqs: list, od_config: Any) -> list:
@@ -340,7 +340,7 @@ def _answer_job(conn: Any, done: protocol.JobDone) -> None:
             protocol.output_from_shared_memory(done.out)
             raise
         return
-    protocol.send(conn, protocol.JobDone(done.job_id, done.rank, error, True, done.seconds))
+    protocol.send(conn, protocol.JobDone(done.job_id, done.rank, error, True, done.seconds, done.began, done.ended))
 
 
 def _call(conn: Any, worker: Any, rank: int, call: protocol.CallRpc) -> None:
