@@ -300,12 +300,21 @@ def wan_request(priority=None, guidance: float = 4.0):
 
 # ---- a server of a test's own: a test that kills or restarts a server never shares it ----------------
 START_TIMEOUT_S = float(os.environ.get("OMNI_EXT_TEST_START_TIMEOUT", "600"))
-#: Served in float32 (the tiny models are built in bfloat16, vLLM-Omni's default dtype): on an x86 CPU
-#: without AVX512-BF16 or AMX a bfloat16 linear is ~15x and a conv3d ~7x slower than float32 (the CI's
-#: AMD EPYC with AVX2 only: one 64x64 Qwen-Image-Edit took 62 s in bfloat16, and the suite ran past CI's
-#: 90 minutes). Tests that compare bytes between servers give them the same dtype; the drills, the
-#: shared pool and the cancel and preemption tests keep the default, whose speed their lengths assume.
+#: Served in float32 (vLLM-Omni's default is bfloat16): on an x86 CPU without AVX512-BF16 or AMX a
+#: bfloat16 linear is ~15x and a conv3d ~7x slower than float32 (the CI's AMD EPYC with AVX2 only: one
+#: 64x64 Qwen-Image-Edit took 62 s in bfloat16, 5 s in float32, and the suite ran past CI's 90 minutes).
+#: Servers that compare bytes between executors use it: Wan's tiny models (built in bfloat16) as they
+#: are; the Qwen-Image family only built in float32 (:func:`float32_models`), since its bfloat16 text
+#: encoder stays bfloat16 and meets a float32 VAE. The drills, the shared pool and the cancel and
+#: preemption tests keep the default, whose speed their job lengths assume.
 FLOAT32 = ["--dtype", "float32"]
+
+
+def float32_models(names, root: Path) -> dict[str, Path]:
+    """The tiny models ``names`` built in float32 under ``root`` (for :data:`FLOAT32` servers)."""
+    from omni_ext.models.tiny import build_tiny_model
+
+    return {m: build_tiny_model(m, root / m, dtype="float32") for m in names}
 #: ``wan-drill`` (tests/conftest.py) and the restart drill's own servers: one TunedExecutor worker (one
 #: slot) on one thread (with two, the worker's parallel regions wait on a thread that a busy host has
 #: descheduled: 9x slower in a test run), a bound on the predicted wait that admits 20 long requests,
@@ -551,14 +560,12 @@ def serve_models(workdir: Path, specs: dict[str, tuple[str, list[str], dict[str,
     accepts (a folder, or a Hugging Face repo id that the env's ``HF_HOME``/``HF_HUB_OFFLINE`` resolve),
     started together, waited for, and stopped afterwards; each with its storage and API data directory
     under ``workdir / name`` and one thread per process, like :func:`own_servers` (whose servers all
-    serve one tiny model folder), in :data:`FLOAT32` unless ``args`` name a dtype. Tests that use it are
-    marked ``server``."""
+    serve one tiny model folder). Tests that use it are marked ``server``."""
     if os.environ.get("OMNI_EXT_NO_SERVERS") == "1":
         pytest.skip("OMNI_EXT_NO_SERVERS=1: this test starts vllm-omni servers of its own")
     procs: dict[str, ServeProcess] = {}
     try:
         for name, (model, args, env) in specs.items():
-            args = args if "--dtype" in args else [*args, *FLOAT32]
             procs[name] = _launch(model, workdir, name, args, env, None)  # type: ignore[arg-type] (str(model))
         for name, proc in procs.items():
             proc.wait_ready(START_TIMEOUT_S)

@@ -36,12 +36,11 @@ SEED = {"omni_ext": {"scheduler": {"seconds_per_unit": 0.002}}}
 
 def _pair(args: list[str], seed: bool = False) -> dict:
     extra = ["--additional-config", json.dumps(SEED)] if seed else []
-    args = [*args, *FLOAT32]
     return {"stock": (args, {}), "tuned": ([*args, "--distributed-executor-backend", TUNED, *extra], {})}
 
 
 @pytest.mark.server
-@pytest.mark.own_servers("wan2.1-t2v", _pair(["--cfg-parallel-size", "2", "--cache-backend", "cache_dit"]))
+@pytest.mark.own_servers("wan2.1-t2v", _pair(["--cfg-parallel-size", "2", "--cache-backend", "cache_dit", *FLOAT32]))
 def test_cache_dit_on_a_wan_cfg_pair_is_byte_identical_to_vllm_omnis_executor(own) -> None:
     stock, tuned = own["stock"], own["tuned"]
     for server in (stock, tuned):

@@ -28,7 +28,7 @@ from tests.helpers import (
 )
 
 TUNED = "omni_ext.executor.TunedExecutor"
-LAYOUT = ["--cfg-parallel-size", "2", "--ulysses-degree", "2", *FLOAT32]
+LAYOUT = ["--cfg-parallel-size", "2", "--ulysses-degree", "2"]
 #: Four worker processes on this 2-core host: four CPU "devices", one thread per process.
 ENV = {"OMNI_EXT_CPU_VISIBLE_DEVICES": "0,1,2,3", "OMP_NUM_THREADS": "1"}
 SHAPE = dict(size="32x32", num_frames=5)
@@ -36,6 +36,8 @@ SHAPE = dict(size="32x32", num_frames=5)
 
 #: A test's two servers: vLLM-Omni's executor and omni-ext's, the same layout.
 SERVERS = {"stock": (LAYOUT, ENV), "tuned": ([*LAYOUT, "--distributed-executor-backend", TUNED], ENV)}
+#: Wan's, in float32 (tests.helpers.FLOAT32).
+WAN_SERVERS = {name: ([*args, *FLOAT32], env) for name, (args, env) in SERVERS.items()}
 
 
 def _starts(server, before: float, n: int) -> list[tuple[tuple[int, ...], str]]:
@@ -60,7 +62,7 @@ def _pair_then_single(stock, tuned, seeds: tuple[int, int]) -> None:
 
 
 @pytest.mark.server
-@pytest.mark.own_servers("wan2.1-t2v", SERVERS)
+@pytest.mark.own_servers("wan2.1-t2v", WAN_SERVERS)
 def test_wan_cfg2_ulysses2_is_byte_identical_to_vllm_omnis_executor(own) -> None:
     stock, tuned = own["stock"], own["tuned"]
     _pair_then_single(stock, tuned, seeds=(11, 12))

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import requests
 
-from tests.helpers import serve_models
+from tests.helpers import FLOAT32, float32_models, serve_models
 
 TUNED = "omni_ext.executor.TunedExecutor"
-CFG2 = ["--cfg-parallel-size", "2"]
+CFG2 = ["--cfg-parallel-size", "2", *FLOAT32]
 VIDEO_MODELS = ("wan2.2-i2v", "wan2.2-ti2v")
 EDIT_MODELS = ("qwen-image-edit", "qwen-image-edit-plus")
 MODELS = VIDEO_MODELS + EDIT_MODELS
@@ -69,8 +69,8 @@ class _Groups:
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
-    groups = _Groups(tiny_models, tmp_path_factory.mktemp("tuned-families"))
+def servers(tmp_path_factory: pytest.TempPathFactory):
+    groups = _Groups(float32_models(MODELS, tmp_path_factory.mktemp("models32")), tmp_path_factory.mktemp("tuned-families"))
     try:
         yield groups
     finally:
