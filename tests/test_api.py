@@ -125,7 +125,7 @@ def test_openai_sdk_images(server_pool, sdk: str) -> None:
 def test_openai_node_sdk_videos_and_images(server_pool) -> None:
     """The newest openai-node against the same routes: a video created (its SDK always sends multipart),
     polled, listed, downloaded with each variant, remixed to the same bytes and deleted; an image as
-    b64_json and as a url link, the same bytes for the same seed; errors the SDK turns into its own
+    b64_json and as a url link, the same bytes for the same request and seed; errors the SDK turns into its own
     exception classes. Extension fields ride in the params object beside OpenAI's."""
     r = run_node("videos", server_pool.get("wan-api"), KEY)
     assert int(r["sdk"].split(".")[0]) >= 6, r["sdk"]
