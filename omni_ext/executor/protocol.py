@@ -156,10 +156,58 @@ class _JobDonePickler(pickle.Pickler):
         return NotImplemented
 
 
-def encode(msg: Message) -> bytes:
-    """The bytes :func:`send` sends (a :class:`JobDone` is checked, see the module docstring)."""
+def _rebuild_tensor(raw: bytearray, shape: tuple[int, ...], dtype: str) -> Any:
+    import torch
+
+    if not raw:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    if not isinstance(raw, bytearray):  # a writable tensor, as the one sent
+        raw = bytearray(raw)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(getattr(torch, dtype)).view(shape)
+
+
+def _reduce_tensor(tensor: Any) -> Any:
+    """A host tensor as its raw bytes (a pickle-5 buffer) with shape and dtype.
+
+    ``torch.Tensor.__reduce_ex__`` goes through ``torch.serialization``: an image-conditioned request
+    (an edit's or image-to-video's 12.6 MB reference) took 10-12 ms to pickle and 3-20 ms to unpickle
+    on each rank, against about 1.5 ms each this way (vLLM's ``MessageQueue``, the pipe of vLLM-Omni's
+    executor, reduces tensors the same way). Device, sparse or grad-tracking tensors keep torch's own."""
+    import torch
+
+    if tensor.device.type == "cpu" and tensor.layout == torch.strided and not tensor.requires_grad:
+        try:
+            raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+        except RuntimeError:  # e.g. a conjugate view: no aliasing byte view
+            pass
+        else:
+            return _rebuild_tensor, (pickle.PickleBuffer(raw), tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+    return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+_DISPATCH: dict | None = None
+
+
+def _dispatch_table() -> dict:
+    global _DISPATCH
+    if _DISPATCH is None:
+        import copyreg
+
+        import torch
+
+        _DISPATCH = {**copyreg.dispatch_table, torch.Tensor: _reduce_tensor}
+    return _DISPATCH
+
+
+def encode(msg: Message) -> bytes | memoryview:
+    """The bytes :func:`send` sends (a :class:`JobDone` is checked, see the module docstring; the
+    tensors a job's request carries travel as raw bytes, :func:`_reduce_tensor`)."""
     if not isinstance(msg, JobDone):
-        return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.dispatch_table = _dispatch_table()
+        pickler.dump(msg)
+        return buf.getbuffer()  # no copy of a large request's bytes
     buf = io.BytesIO()
     _JobDonePickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(msg)
     if buf.tell() > MAX_JOB_DONE_BYTES:
