@@ -142,3 +142,107 @@ def test_a_request_class_becomes_the_fields_of_a_video() -> None:
     args = SimpleNamespace(size="64x64", classes={"short": (9, 8), "long": (81, 20)})
     f = st._fields(args, "long", 5)
     assert (f["num_frames"], f["num_inference_steps"], f["seed"], f["size"]) == (81, 20, 5, "64x64")
+
+
+def test_predictions_per_class_report_duration_and_start_errors() -> None:
+    """Per class: |predicted / reported - 1| of each predicted job, |waited - predicted wait| of each job
+    whose POST answer predicted a wait; a server without predictions (vLLM-Omni's) reports none."""
+    alone = {"short": 1.0, "long": 5.0, "few": 0.5}
+    reqs = [
+        {**_req("short", 2.0, 3.0), "predicted_s": 1.1, "run_s": 1.0, "predicted_wait_s": 1.0, "waited_s": 1.5},
+        {**_req("short", 2.0, 4.0), "predicted_s": 0.9, "run_s": 1.0, "predicted_wait_s": None, "waited_s": 0.1},
+        {**_req("short", 2.0, 5.0), "predicted_s": 1.0, "run_s": 1.0, "predicted_wait_s": 2.0, "waited_s": 1.0},
+        {**_req("long", 9.0, 14.0), "predicted_s": 4.0, "run_s": 5.0, "predicted_wait_s": 0.0, "waited_s": 0.2},
+        {**_req("few", 1.0, 15.0), "predicted_s": None, "run_s": 0.5},  # no rate known yet: not counted
+        {**_req("few", 1.0, 16.0), "predicted_s": 0.6, "run_s": 0.5},
+        {**_req("short", None, status="refused"), "predicted_s": 5.0},
+    ]
+    p = st.prediction_stats(reqs, alone)
+    assert p["short"]["n_duration"] == 3 and p["short"]["duration_error_p50"] == pytest.approx(0.1)
+    assert p["short"]["n_start"] == 2 and p["short"]["start_error_p50_s"] == pytest.approx(0.75)
+    assert p["short"]["start_error_p90_s"] == pytest.approx(0.95)
+    assert p["short"]["start_error_p50_over_standalone"] == pytest.approx(0.75)
+    assert p["long"]["duration_error_p50"] == pytest.approx(0.2) and p["long"]["start_error_p50_s"] == pytest.approx(0.2)
+    assert p["few"]["n_duration"] == 1 and p["few"]["duration_error_p50"] == pytest.approx(0.2)
+    assert p["few"]["n_start"] == 0 and p["few"]["start_error_p50_s"] is None
+    assert st.stream_stats(reqs, alone)["predictions"] == p
+    assert "predictions" not in st.stream_stats([_req("short", 2.0, 3.0)], alone)  # vLLM-Omni's executor
+
+
+def test_the_table_shows_the_predictions_of_the_servers_that_make_them() -> None:
+    standalone = {"slo": {"short": 1.0, "long": 5.0}, "stock": {"short": 1.1, "long": 5.2}}
+    pred = {"predicted_s": 1.2, "run_s": 1.0, "predicted_wait_s": 1.0, "waited_s": 1.4}
+    raw = {"slo": {"0.7": [{**_req("short", 2.0, 3.0), **pred}, _req("long", 6.0, 9.0)]},
+           "stock": {"0.7": [_req("short", 2.5, 3.0), _req("long", 7.0, 9.0)]}}
+    result = st.summarize(raw, standalone, [0.7], None, {"measurement": True}, {"seed": 0})
+    assert result["by_load"]["0.7"]["slo"]["predictions"]["short"]["duration_error_p50"] == pytest.approx(0.2)
+    assert "predictions" not in result["by_load"]["0.7"]["stock"]
+    text = st.table(result)
+    assert "omni-ext's predictions per class" in text
+    rows = [line for line in text.splitlines() if line.lstrip("| ").startswith("0.7") and "short" in line and "0.2" in line]
+    assert rows and "stock" not in rows[0]
+
+
+def test_a_job_record_takes_its_predictions_from_the_answer_and_the_log() -> None:
+    from omni_ext.bench.client import Answer
+    from omni_ext.bench.logwatch import LogEvent
+
+    class Watcher:
+        events = [LogEvent("start", "video_1-0", 12.5, (0,), mode="single", predicted_s=0.8),
+                  LogEvent("done", "video_1-0", 13.4, (0,), seconds=0.9)]
+
+        def first(self, kind, job_id):
+            return next((e for e in self.events if e.kind == kind and e.request_id.startswith(job_id)), None)
+
+    a = Answer(200, {"id": "video_1", "predicted_wait_s": 2.0}, {}, 10.0, 10.1, "job")
+    assert st._predictions(a, Watcher()) == {"predicted_wait_s": 2.0, "waited_s": 2.5, "predicted_s": 0.8, "run_s": 0.9}
+    assert st._predictions(a, None) == {}
+    assert st._predictions(Answer(200, {"id": "video_2"}, {}, 10.0, 10.1, "job"), Watcher()) == {}
+
+
+def test_the_mix_has_a_few_step_class_at_its_exact_share() -> None:
+    """The default mix: half short, a quarter few-step (FastWan's shape, no CFG), the long class the
+    rest; each exactly its share of a load's count, and the capacity over the mix's mean seconds."""
+    shares = st.mix_shares(0.5, 0.25)
+    assert shares == {"short": 0.5, "few": 0.25, "long": 0.25} and st.mix_shares(0.75) == {"short": 0.75, "long": 0.25}
+    for bad in ((0.8, 0.2), (0.0, 0.2), (0.5, -0.1)):
+        with pytest.raises(ValueError, match="long class"):
+            st.mix_shares(*bad)
+    alone = {"short": 1.0, "few": 0.4, "long": 8.0}
+    assert st.capacity_rps(alone, shares) == pytest.approx(2 / (0.5 * 1.0 + 0.25 * 0.4 + 0.25 * 8.0))
+    assert st.capacity_rps(alone, 0.75) == pytest.approx(2 / (0.75 + 2.0))  # a short/long mix as before
+    a = st.arrivals(0.7, 1.3, 200.0, shares, seed=1)
+    n = len(a)
+    assert n == round(0.7 * 1.3 * 200.0) and a == st.arrivals(0.7, 1.3, 200.0, shares, seed=1)
+    counts = {cls: sum(x == cls for _, x in a) for cls in shares}
+    assert counts["short"] == round(0.5 * n) and counts["few"] == round(0.25 * n) and sum(counts.values()) == n
+    assert st.arrivals(0.7, 1.3, 200.0, 0.75, seed=1) == st.arrivals(0.7, 1.3, 200.0, {"short": 0.75, "long": 0.25}, seed=1)
+
+
+def test_a_few_step_request_has_no_cfg_and_its_class_is_reported() -> None:
+    args = SimpleNamespace(size="64x64", classes={"short": (9, 8), "few": (9, 3), "long": (81, 20)})
+    few, short = st._fields(args, "few", 3), st._fields(args, "short", 3)
+    assert (few["num_frames"], few["num_inference_steps"], few["guidance_scale"]) == (9, 3, 1.0)
+    assert short["guidance_scale"] > 1.0
+    standalone = {"slo": {"short": 1.0, "few": 0.4, "long": 8.0}, "stock": {"short": 1.1, "few": 0.5, "long": 8.2}}
+    raw = {name: {"0.9": [_req("short", 2.0, 3.0), _req("few", 1.0, 4.0), _req("few", 2.0, 5.0), _req("long", 9.0, 9.0)]}
+           for name in standalone}
+    result = st.summarize(raw, standalone, [0.9], None, {"measurement": True}, {"seed": 0})
+    assert result["yardstick_s"] == {"short": 1.0, "few": 0.4, "long": 8.0}
+    few_stats = result["by_load"]["0.9"]["slo"]["few"]
+    assert few_stats["n"] == 2 and few_stats["p99_slowdown"] == pytest.approx(4.975)  # 2.5x and 5x
+    text = st.table(result)
+    assert any(line.lstrip("| ").startswith("0.9") and "few" in line for line in text.splitlines())
+
+
+def test_the_dry_run_plans_the_three_classes(capsys) -> None:
+    from omni_ext.cli import main
+
+    assert main(["bench", "stream", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out.split("\n[bench]")[0])
+    assert list(plan["classes"]) == ["short", "few", "long"] and plan["shares"]["few"] == 0.25
+    assert plan["classes"]["few"]["request"]["guidance_scale"] == 1.0
+    assert main(["bench", "stream", "--dry-run", "--few-share", "0", "--short-share", "0.75"]) == 0
+    assert list(json.loads(capsys.readouterr().out.split("\n[bench]")[0])["classes"]) == ["short", "long"]
+    with pytest.raises(SystemExit, match="long class"):
+        main(["bench", "stream", "--dry-run", "--short-share", "0.8"])

@@ -1,4 +1,4 @@
-"""``omni-ext bench stream``: an open stream of short and long videos at several loads, SLO attainment.
+"""``omni-ext bench stream``: an open stream of short, few-step and long videos at several loads, SLO attainment.
 
 What users and the field measure on a stream is SLO attainment: the share of requests that finish
 within k times their standalone time (k = 3 in vLLM-Omni's RFC #290). Servers, all the tiny Wan
@@ -11,6 +11,12 @@ at a time on the same streams:
 - ``stock``: vLLM-Omni's executor in two replicas and its round robin (``num_replicas: 2``,
   nothing of omni-ext's in the executor or the dispatch; the API stays omni-ext's ``/v1/videos``);
 - ``nopreempt``: ``slo`` with ``preempt: false``, on the highest load only (``preempt.throughput_loss``).
+
+The mix (``--short-share``, ``--few-share``, the long class the rest): half short 9-frame 8-step CFG
+videos, a quarter few-step ones (:data:`FEW`: 9 frames, 3 steps, no CFG, FastWan's shape) and a quarter
+long 81-frame 20-step ones. Every request of an omni-ext server also records what omni-ext predicted for
+it (the ``POST`` answer's ``predicted_wait_s``, the executor's predicted seconds) against what happened;
+:func:`prediction_stats` gives the errors per class.
 
 Steps:
 
@@ -69,9 +75,14 @@ GOALS = {
 }
 # 64x64: a long 81-frame, 20-step CFG job ~8 s on one thread of the "med" model, a short 9-frame,
 # 8-step one ~1 s: more than 5x apart in cost, as the issue asks.
-DEFAULTS = {"size": "64x64", "short": "9x8", "long": "81x20", "short_share": 0.75, "loads": "0.5,0.7,0.9",
+#: The few-step class (issue 38): FastWan's shape, a distilled few-step video without CFG (its DMD sampler
+#: runs 3 steps, guidance off). One server serves one pipeline, so it is the tiny Wan's own sampler at that
+#: step count with guidance 1.0: a job on one unit, as the TunedExecutor runs a CFG-free request.
+FEW = "few"
+DEFAULTS = {"size": "64x64", "short": "9x8", "few": "9x3", "long": "81x20", "short_share": 0.5, "few_share": 0.25,
+            "loads": "0.5,0.7,0.9",
             "duration": 150.0, "standalone_reps": 3, "seed": 0}
-QUICK = {"size": "32x32", "short": "5x2", "long": "17x6", "loads": "0.7", "duration": 20.0, "standalone_reps": 1}
+QUICK = {"size": "32x32", "short": "5x2", "few": "5x1", "long": "17x6", "loads": "0.7", "duration": 20.0, "standalone_reps": 1}
 
 
 # ---- the workload (pure) ---------------------------------------------------------------------------------
@@ -103,25 +114,41 @@ def parse_servers(text: str) -> list[str]:
     return [n for n in known if n in got]
 
 
-def capacity_rps(standalone_s: dict[str, float], short_share: float, groups: int = GROUPS) -> float:
-    """Requests per second the groups finish at full use: ``groups`` over the mix's mean seconds."""
-    mean_s = short_share * standalone_s["short"] + (1 - short_share) * standalone_s["long"]
+def mix_shares(short_share: float, few_share: float = 0.0) -> dict[str, float]:
+    """Each class's share of the stream: short, few-step (when its share is above 0), long the rest."""
+    if not (0 < short_share < 1 and 0 <= few_share < 1 and short_share + few_share < 1):
+        raise ValueError(f"the short ({short_share:g}) and few-step ({few_share:g}) shares must leave the long class "
+                         "a share above 0")
+    return {"short": short_share, **({FEW: few_share} if few_share > 0 else {}), "long": 1 - short_share - few_share}
+
+
+def _shares(shares: float | dict[str, float]) -> dict[str, float]:
+    return mix_shares(shares) if isinstance(shares, (int, float)) else shares
+
+
+def capacity_rps(standalone_s: dict[str, float], shares: float | dict[str, float], groups: int = GROUPS) -> float:
+    """Requests per second the groups finish at full use: ``groups`` over the mix's mean seconds
+    (``shares``: each class's, or the short share of a short/long mix)."""
+    mean_s = sum(share * standalone_s[cls] for cls, share in _shares(shares).items())
     return groups / mean_s
 
 
-def arrivals(load: float, rate_at_capacity: float, duration_s: float, short_share: float, seed: int) -> list[tuple[float, str]]:
+def arrivals(load: float, rate_at_capacity: float, duration_s: float, shares: float | dict[str, float],
+             seed: int) -> list[tuple[float, str]]:
     """Poisson arrivals at ``load`` x capacity for ``duration_s``: (time, class), the same for every
     server (seeded by ``seed`` and the load).
 
     The count is the expected one, ``round(load x rate x duration)``, and the times are a Poisson
-    process given that count (uniform order statistics: the same clumps and gaps); the classes are
-    ``short_share`` of them exactly, in a random order. A free count made the loads' labels wrong on
+    process given that count (uniform order statistics: the same clumps and gaps); each class is its
+    share of them exactly (the long class the rest), in a random order. A free count made the loads' labels wrong on
     a slow host: 90 s at 0.56 req/s drew 36 requests at load 0.5 and 27 at 0.7 (12-03), so "0.7"
     was lighter than "0.5"."""
     rng = random.Random(f"{seed}:{load:g}")
     n = max(1, round(load * rate_at_capacity * duration_s))
-    shorts = round(short_share * n)
-    classes = ["short"] * shorts + ["long"] * (n - shorts)
+    classes: list[str] = []
+    for cls, share in _shares(shares).items():
+        classes += [cls] * (round(share * n) if cls != "long" else 0)
+    classes += ["long"] * (n - len(classes))
     rng.shuffle(classes)
     times = sorted(rng.uniform(0.0, duration_s) for _ in range(n))
     return list(zip(times, classes))
@@ -137,7 +164,7 @@ def stream_stats(requests: list[dict[str, Any]], standalone_s: dict[str, float])
                            "refused": sum(r["status"] == "refused" for r in requests)}
     for f in FACTORS:
         out[f"slo{f:g}_attainment"] = round(sum(slowdown(r) <= f for r in requests) / len(requests), 4) if requests else None
-    for cls in ("short", "long", "all"):
+    for cls in [*dict.fromkeys(["short", "long", *(r["cls"] for r in requests)]), "all"]:
         mine = [r for r in requests if cls in ("all", r["cls"])]
         lat = [r["latency_s"] for r in mine if r["status"] == "completed"]
         slow = [slowdown(r) for r in mine]
@@ -145,6 +172,9 @@ def stream_stats(requests: list[dict[str, Any]], standalone_s: dict[str, float])
                     "p50_slowdown": _r(_pct_inf(slow, 50)), "p99_slowdown": _r(_pct_inf(slow, 99))}
     ends = [r["end_s"] for r in requests if r["status"] == "completed"]
     out["throughput_rps"] = _r(len(ends) / max(ends)) if ends else None
+    predictions = prediction_stats(requests, standalone_s)
+    if predictions:
+        out["predictions"] = predictions
     return out
 
 
@@ -171,7 +201,7 @@ def summarize(raw: dict[str, Any], standalone: dict[str, dict[str, float]], load
     """Figures from the raw per-server, per-load requests; one standalone yardstick per class, the
     fastest server's."""
     measurement = bool(host.get("measurement", True))
-    yardstick = {cls: min(s[cls] for s in standalone.values()) for cls in ("short", "long")}
+    yardstick = {cls: min(s[cls] for s in standalone.values()) for cls in next(iter(standalone.values()))}
     by_load: dict[str, dict[str, Any]] = {}
     for load in loads:
         key = f"{load:g}"
@@ -213,7 +243,8 @@ def summarize(raw: dict[str, Any], standalone: dict[str, dict[str, float]], load
 # ---- measuring --------------------------------------------------------------------------------------------
 def _fields(args, cls: str, seed: int) -> dict[str, Any]:
     frames, steps = args.classes[cls]
-    return c.video_fields(SimpleNamespace(size=args.size, frames=frames, steps=steps), seed=seed)
+    return c.video_fields(SimpleNamespace(size=args.size, frames=frames, steps=steps), seed=seed,
+                          **({"guidance_scale": 1.0} if cls == FEW else {}))
 
 
 def play(url: str, tracker: JobTracker, args, schedule: list[tuple[float, str]], seed: int,
@@ -246,8 +277,50 @@ def play(url: str, tracker: JobTracker, args, schedule: list[tuple[float, str]],
         else:
             end = ends[a.job_id]
             rec.update(id=a.job_id, status=end.status, latency_s=round(end.ended_at - a.sent_at, 3),
-                       end_s=round(end.ended_at - t0, 3), end_source=end.source)
+                       end_s=round(end.ended_at - t0, 3), end_source=end.source,
+                       **_predictions(a, tracker.watcher))
         out.append(rec)
+    return out
+
+
+def _predictions(answer: Any, watcher: LogWatcher | None) -> dict[str, Any]:
+    """What omni-ext predicted for one job and what happened: the wait its ``POST`` answer predicted
+    (``predicted_wait_s``; absent when the job was not queued behind others), its wait until the
+    executor started it, and the seconds the executor predicted for it and reported at its end. Empty
+    where the server logs no starts (vLLM-Omni's executor)."""
+    if watcher is None:
+        return {}
+    start, done = watcher.first("start", answer.job_id), watcher.first("done", answer.job_id)
+    if start is None:
+        return {}
+    body = answer.body if isinstance(answer.body, dict) else {}
+    return {"predicted_wait_s": body.get("predicted_wait_s"), "waited_s": round(start.t - answer.sent_at, 3),
+            "predicted_s": start.predicted_s, "run_s": done.seconds if done is not None and not done.error else None}
+
+
+def prediction_stats(requests: list[dict[str, Any]], standalone_s: dict[str, float]) -> dict[str, Any]:
+    """How well omni-ext's predictions held, per class (issue 38: 1-4-step jobs within 20 %):
+
+    - ``duration_error``: |predicted seconds / reported seconds - 1| of each job the executor predicted
+      (p50, p90);
+    - ``start_error_s``: |waited - predicted wait| of each job whose answer predicted a wait (a job
+      started at once predicted none), in seconds (p50, p90) and, p50, over the class's standalone
+      seconds.
+
+    Empty for a server without predictions (vLLM-Omni's executor)."""
+    out: dict[str, Any] = {}
+    for cls in dict.fromkeys(r["cls"] for r in requests):
+        mine = [r for r in requests if r["cls"] == cls and r.get("status") == "completed"]
+        dur = [abs(r["predicted_s"] / r["run_s"] - 1) for r in mine if r.get("predicted_s") and r.get("run_s")]
+        start = [abs(r["waited_s"] - r["predicted_wait_s"]) for r in mine
+                 if r.get("predicted_wait_s") is not None and r.get("waited_s") is not None]
+        if not dur and not start:
+            continue
+        p50 = c.percentile(start, 50)
+        out[cls] = {"n_duration": len(dur), "duration_error_p50": _r(c.percentile(dur, 50)),
+                    "duration_error_p90": _r(c.percentile(dur, 90)), "n_start": len(start),
+                    "start_error_p50_s": _r(p50), "start_error_p90_s": _r(c.percentile(start, 90)),
+                    "start_error_p50_over_standalone": _r(c.ratio(p50, standalone_s.get(cls)))}
     return out
 
 
@@ -267,7 +340,7 @@ def standalone_times(url: str, tracker: JobTracker, args) -> dict[str, float]:
     """Median seconds of each class alone on this server, timed as the stream's requests are (an
     asynchronous job, from its send to its stored video)."""
     out = {}
-    for cls in ("short", "long"):
+    for cls in args.classes:
         runs = [play(url, tracker, args, [(0.0, cls)], 900 + rep, None)[0] for rep in range(args.standalone_reps)]
         if any(r["status"] != "completed" for r in runs):
             raise RuntimeError(f"{url}: a standalone {cls} request did not complete: {runs}")
@@ -313,14 +386,15 @@ def measure(servers: c.Servers, watchers: dict[str, LogWatcher], names: list[str
     for name in measured:
         standalone[name] = standalone_times(servers.url(name), JobTracker(servers.url(name), watchers[name]), args)
         c.log(f"{label}{name}: standalone {standalone[name]}")
-    yard = {cls: min(s[cls] for s in standalone.values()) for cls in ("short", "long")}
+    yard = {cls: min(s[cls] for s in standalone.values()) for cls in args.classes}
     pairs = {name: contention(servers.url(name), JobTracker(servers.url(name), watchers[name]), args,
                               standalone[name]["long"]) for name in measured}
     together = {name: round(c.median(v), 3) for name, v in pairs.items()}
     host_contention = round(max(1.0, c.median([x for v in pairs.values() for x in v])), 3)
     c.log(f"{label}two long jobs at once, each over alone: {pairs}; the host's: {host_contention}")
-    rate = capacity_rps(yard, args.short_share) / host_contention
-    schedules = {f"{load:g}": arrivals(load, rate, args.duration, args.short_share, seed) for load in loads}
+    shares = mix_shares(args.short_share, args.few_share)
+    rate = capacity_rps(yard, shares) / host_contention
+    schedules = {f"{load:g}": arrivals(load, rate, args.duration, shares, seed) for load in loads}
     top = f"{max(loads):g}"
     plays = {f"{load:g}": [n for n in names if n != NOPREEMPT or f"{load:g}" == top] for load in loads}
     total = 2 * sum(len(schedules[k]) * len(v) for k, v in plays.items())
@@ -335,7 +409,7 @@ def measure(servers: c.Servers, watchers: dict[str, LogWatcher], names: list[str
                   f"{stats['short']['p99_slowdown']}, {stats['refused']} refused")
     progress.close()
     preempt = interactive_start(servers.url("slo"), watchers["slo"], args, yard["long"]) if "slo" in names else None
-    facts = {"seed": seed, "capacity_rps": _r(rate), "capacity_rps_alone": _r(capacity_rps(yard, args.short_share)),
+    facts = {"seed": seed, "capacity_rps": _r(rate), "capacity_rps_alone": _r(capacity_rps(yard, shares)),
              "two_jobs_over_alone": together, "two_jobs_over_alone_pairs": pairs, "contention": host_contention,
              "arrivals": {k: len(v) for k, v in schedules.items()}}
     return raw, standalone, preempt, facts
@@ -358,7 +432,7 @@ def run(args) -> dict[str, Any]:
         servers.start(specs, args.start_timeout, envs=envs)
         for name in names:
             watchers[name] = LogWatcher(servers.log_path(name)).start()
-            for cls in ("short", "long"):  # both groups pay their first calls
+            for cls in args.classes:  # both groups pay their first calls
                 sync_burst(servers.url(name), _fields(args, cls, 1), GROUPS)
         for i in range(n):
             if i:  # the last run left the host busy
@@ -373,7 +447,7 @@ def run(args) -> dict[str, Any]:
     c.finish_host(host)
     facts = {"model": f"tiny Wan2.1-T2V '{args.model_size}' (random weights, float32)", "groups": GROUPS,
              "size": args.size, "classes": {k: {"frames": f, "steps": s} for k, (f, s) in args.classes.items()},
-             "short_share": args.short_share, "loads": loads, "duration_s": args.duration,
+             "shares": mix_shares(args.short_share, args.few_share), "loads": loads, "duration_s": args.duration,
              "server_commands": servers.commands, "workdir": str(workdir)}
     results = [summarize(raw, standalone, loads, preempt, h, {**facts, **mine})
                for h, (raw, standalone, preempt, mine) in done]
@@ -407,6 +481,20 @@ def table(result: dict[str, Any]) -> str:
                          s["long"]["p50_latency_s"], s["long"]["p99_latency_s"], s["throughput_rps"]])
     out.append(c.format_table(["load", "server", "requests", "refused", "SLO 3x", "SLO 5x", "short p50 (s)",
                                "short p99 (s)", "short p99 / alone", "long p50 (s)", "long p99 (s)", "req/s"], rows))
+    extra = [[load, name, cls, s[cls]["n"], s[cls]["p50_latency_s"], s[cls]["p99_latency_s"], s[cls]["p99_slowdown"]]
+             for load, per in result["by_load"].items() for name, s in per.items()
+             for cls in s if cls not in ("short", "long", "all") and isinstance(s[cls], dict) and "p99_slowdown" in s[cls]]
+    if extra:
+        out.append(c.format_table(["load", "server", "class", "requests", "p50 (s)", "p99 (s)", "p99 / alone"], extra))
+    prows = [[load, name, cls, p["n_duration"], p["duration_error_p50"], p["duration_error_p90"], p["n_start"],
+              p["start_error_p50_s"], p["start_error_p90_s"], p["start_error_p50_over_standalone"]]
+             for load, per in result["by_load"].items() for name, s in per.items()
+             for cls, p in (s.get("predictions") or {}).items()]
+    if prows:
+        out.append("omni-ext's predictions per class (duration: |predicted / reported - 1|; start: |waited - the "
+                   "POST answer's predicted_wait_s|, of the jobs it predicted a wait for)\n\n" + c.format_table(
+                       ["load", "server", "class", "jobs", "duration err p50", "p90", "waits predicted",
+                        "start err p50 (s)", "p90 (s)", "p50 / alone"], prows))
     y = result["yardstick_s"]
     out.append(f"standalone (fastest server's median, the yardstick of every server): short {c.fmt(y['short'], 2)} s, "
                f"long {c.fmt(y['long'], 2)} s ({c.fmt(result['cost_ratio_long_over_short'], 1)}x); "
@@ -489,7 +577,8 @@ def dry_run(args) -> dict[str, Any]:
         planned[name] = c.shell_command([], env).strip() + " " + planned[name]
     plan = {"benchmark": "stream", "servers (started together, measured one at a time)": planned,
             "classes": {k: {"frames": f, "steps": s, "request": _fields(args, k, 0)} for k, (f, s) in args.classes.items()},
-            "short_share": args.short_share, "loads": loads, "duration_s": args.duration, "seed": args.seed,
+            "shares": mix_shares(args.short_share, args.few_share), "loads": loads, "duration_s": args.duration,
+            "seed": args.seed,
             "goals": {k: f"{op} {v:g}" for k, (op, v) in GOALS.items()}}
     if args.repeat > 1:
         plan["repeat"] = {"runs": args.repeat, "seeds": [args.seed + i for i in range(args.repeat)],
@@ -506,7 +595,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default=None, help="WxH of every video")
     p.add_argument("--short", default=None, help="the short class, FRAMESxSTEPS (default 9x8)")
     p.add_argument("--long", default=None, help="the long class, FRAMESxSTEPS (default 81x20)")
-    p.add_argument("--short-share", type=float, default=None, help="share of short requests in the stream (0.75)")
+    p.add_argument("--few", default=None, help="the few-step class, FRAMESxSTEPS without CFG (default 9x3: FastWan's shape)")
+    p.add_argument("--short-share", type=float, default=None, help="share of short requests in the stream (0.5)")
+    p.add_argument("--few-share", type=float, default=None,
+                   help="share of few-step requests (0.25; 0 leaves them out); the long class takes the rest")
     p.add_argument("--loads", default=None, help="comma-separated loads, fractions of the measured capacity (0.5,0.7,0.9)")
     p.add_argument("--duration", type=float, default=None, help="seconds of arrivals per load and server (150)")
     p.add_argument("--standalone-reps", type=int, default=None, help="standalone timings per class and server (median)")
@@ -525,7 +617,12 @@ def main(args) -> int:
     c.apply_profile(args, DEFAULTS, QUICK)
     if args.repeat < 1:
         raise SystemExit(f"omni-ext bench stream: --repeat must be at least 1, got {args.repeat}")
-    args.classes = {"short": parse_class(args.short), "long": parse_class(args.long)}
+    try:
+        mix_shares(args.short_share, args.few_share)
+    except ValueError as exc:
+        raise SystemExit(f"omni-ext bench stream: {exc}") from None
+    args.classes = {"short": parse_class(args.short), **({FEW: parse_class(args.few)} if args.few_share > 0 else {}),
+                    "long": parse_class(args.long)}
     if args.dry_run:
         return c.print_plan(dry_run(args))
     if not args.json:
