@@ -6,7 +6,7 @@ branch each plus a gloo all-gather of the prediction per step (exactly the CFG-p
 The ratio is what two cores of this host give at best; ``omni-ext bench cfg-parallel`` writes it
 beside the end-to-end figures so a shortfall can be told apart from serving overhead.
 
-:func:`measure_sp` is the ceiling of ``cfg-parallel --sp N`` (CFG 2 x Ulysses N): vLLM-Omni's own
+:class:`SpCeiling` (:func:`measure_sp` alone) is the ceiling of ``cfg-parallel --sp N`` (CFG 2 x Ulysses N): vLLM-Omni's own
 diffusion worker (``DiffusionWorker``: its gloo groups, its Wan transformer with the Ulysses SP
 hooks, omni-ext's plugin and patches as in a server's worker) built in 2N bare processes, and the
 pipeline's own ``predict_noise_maybe_with_cfg`` timed in a loop: per step each CFG rank runs its
@@ -281,26 +281,56 @@ def _close(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+class SpCeiling:
+    """The bare CFG 2 x Ulysses ``ulysses`` loop (``parallel``: 2 x ``ulysses`` processes) and the same
+    worker in one process (``one``), kept up so that their timed loops can interleave with the servers'
+    requests: ``cfg-parallel --model`` times one bare loop after every alternation of the two servers,
+    so that a drift of the host's speed within the run (on this shared host, 10 % between minutes) moves
+    the ceiling with the servers instead of against them. Idle, the processes wait on their stdin."""
+
+    def __init__(self, model: Path, height: int, width: int, frames: int, steps: int, ulysses: int, log_dir: Path) -> None:
+        self.model, self.steps, self.ulysses, self.log_dir = model, steps, ulysses, log_dir
+        self.lat = latent_shape(model, height, width, frames)
+        self.groups: dict[str, _Group] = {}
+        self.times: dict[str, list[float]] = {"one": [], "parallel": []}
+
+    def start(self, name: str) -> None:
+        """Start ``name``'s processes ("one" or "parallel"; each pays its first-call costs untimed)."""
+        if name not in self.groups:
+            world, cfg, ulysses = (2 * self.ulysses, 2, self.ulysses) if name == "parallel" else (1, 1, 1)
+            self.groups[name] = _Group(self.model, world, cfg, ulysses, self.steps, self.lat, self.log_dir)
+
+    def run(self, name: str) -> float:
+        """One timed loop of ``name`` (started first if it is not up)."""
+        self.start(name)
+        self.times[name].append(self.groups[name].run())
+        return self.times[name][-1]
+
+    def result(self) -> dict:
+        return sp_ceiling_result(self.times["one"], self.times["parallel"], self.ulysses, self.steps, self.lat)
+
+    def close(self) -> None:
+        for g in self.groups.values():
+            g.close()
+        self.groups.clear()
+
+
 def measure_sp(model: Path, height: int, width: int, frames: int, steps: int, ulysses: int, log_dir: Path,
                reps: int = 3, progress=None) -> dict:
     """CFG 2 x Ulysses ``ulysses`` in 2 x ``ulysses`` bare processes vs the same worker in one process,
     ``reps`` alternating timed loops of ``steps`` steps each; the medians and their ratio."""
-    lat = latent_shape(model, height, width, frames)
-    world = 2 * ulysses
-    groups: dict[str, _Group] = {}
+    bare = SpCeiling(model, height, width, frames, steps, ulysses, log_dir)
     try:
-        groups["one"] = _Group(model, 1, 1, 1, steps, lat, log_dir)
-        groups["parallel"] = _Group(model, world, 2, ulysses, steps, lat, log_dir)
-        times: dict[str, list[float]] = {"one": [], "parallel": []}
+        bare.start("one")
+        bare.start("parallel")
         for i in range(reps):
             for name in (("one", "parallel") if i % 2 == 0 else ("parallel", "one")):
-                times[name].append(groups[name].run())
+                seconds = bare.run(name)
                 if progress is not None:
-                    progress.advance(note=f"ceiling rep {i}: {name} {times[name][-1]:.2f} s")
+                    progress.advance(note=f"ceiling rep {i}: {name} {seconds:.2f} s")
     finally:
-        for g in groups.values():
-            g.close()
-    return sp_ceiling_result(times["one"], times["parallel"], ulysses, steps, lat)
+        bare.close()
+    return bare.result()
 
 
 def sp_ceiling_result(one_s: list[float], parallel_s: list[float], ulysses: int, steps: int, lat: list[int]) -> dict:

@@ -14,7 +14,8 @@ encoding share of one-device time (written to the JSON).
 cfg-parallel --sp N (or --model M, then N may be 1): one request at a time on CFG 2 x Ulysses N (2N worker processes, one thread
 each, ``OMNI_EXT_CPU_VISIBLE_DEVICES`` 0..2N-1), vLLM-Omni's executor vs omni-ext's TunedExecutor with
 the same layout, side by side, both with vLLM-Omni's pipeline profiler (its ``diffuse`` stage is the
-denoising loop inside the server); then the bare 2N-process ceiling (:func:`ceiling.measure_sp`).
+denoising loop inside the server), and the bare 2N-process ceiling (:class:`ceiling.SpCeiling`), one
+bare loop after each alternation of the two servers (then the one-process loops of its speedup).
 No one-device server: neither goal needs one (tuned vs stock is one layout; tuned vs the ceiling
 compares loops), a third server would add ~40 % to the run, and the ceiling's bare one-process loop
 still gives the SP speedup over one device. ``--model`` picks the tiny model (``omni_ext.models.tiny``:
@@ -37,6 +38,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from omni_ext.bench.client import sync_burst, sync_request
@@ -128,6 +130,22 @@ SP_GOALS = {"tuned_vs_stock": (">=", 1.0), "tuned_vs_ceiling": (">=", 0.95)}
 
 def _model(args) -> str:
     return getattr(args, "model", None) or "wan2.1-t2v"
+
+
+def _bare_loop(args, model: Path, workdir: Path):
+    """(the started bare CFG x SP loop, None), or (None, why it could not start)."""
+    from omni_ext.bench.ceiling import SpCeiling
+
+    h, w = size_hw(args.size)
+    frames = args.frames if _model(args).startswith("wan") else 1
+    bare = SpCeiling(model, h, w, frames, args.steps, args.sp, workdir)
+    try:
+        bare.start("parallel")
+    except Exception as exc:  # recorded: the servers' figures still stand
+        bare.close()
+        log(f"ceiling failed: {type(exc).__name__}: {str(exc)[:300]}")
+        return None, f"{type(exc).__name__}: {str(exc)[:2000]}"
+    return bare, None
 
 
 def sp_layout(sp: int) -> tuple[list[str], dict[str, str]]:
@@ -260,7 +278,9 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
     sequential = args.model_size in SEQUENTIAL_SIZES
     memory: dict[str, dict[str, float]] = {}
     ceiling_reps = 0 if args.skip_ceiling else args.ceiling_reps
-    progress = Progress(f"cfg-parallel {_model(args)} --sp {args.sp}", 2 * args.reps + 2 * ceiling_reps, min_interval_s=0.0)
+    bare, ceiling, ceiling_error = None, None, None
+    total = 2 * args.reps + (2 * ceiling_reps if sequential else (args.reps + ceiling_reps if ceiling_reps else 0))
+    progress = Progress(f"cfg-parallel {_model(args)} --sp {args.sp}", total, min_interval_s=0.0)
     try:
         # --model rows: the stock server is vLLM-Omni as it ships (common.STOCK_ENV); the --sp figures keep
         # omni-ext's generic worker patches on both, as they were measured
@@ -288,13 +308,39 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
             servers.start(sp_server_specs(args.sp), args.start_timeout, envs=envs)
             for name in runs:  # warm-up (first-call costs), not recorded
                 send(servers.url(name), request_fields(args, seed=1))
+            if ceiling_reps:  # the bare loop interleaved with the servers' requests (ceiling.SpCeiling)
+                bare, ceiling_error = _bare_loop(args, model, workdir)
+
+            def bare_loop(name: str, note: str) -> None:
+                nonlocal bare, ceiling_error
+                if bare is None:
+                    return
+                try:
+                    seconds = bare.run(name)
+                except Exception as exc:  # recorded: the servers' figures still stand
+                    ceiling_error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+                    log(f"ceiling failed: {ceiling_error[:300]}")
+                    bare.close()
+                    bare = None
+                    return
+                progress.advance(note=f"{note} {seconds:.2f} s")
+
             for i in range(args.reps):
                 for name in (("stock_sp", "tuned_sp") if i % 2 == 0 else ("tuned_sp", "stock_sp")):
                     measure(name, i)
+                if bare is not None:
+                    time.sleep(args.settle)
+                    bare_loop("parallel", f"rep {i}: bare loop")
+            servers.stop()
+            for i in range(ceiling_reps if bare is not None else 0):  # the one-process loop (the speedup), alone
+                bare_loop("one", f"ceiling rep {i}: one process")
+            if bare is not None:
+                ceiling = bare.result()
     finally:
         servers.stop()
-    ceiling, ceiling_error = None, None
-    if ceiling_reps:
+        if bare is not None:
+            bare.close()
+    if ceiling_reps and sequential:
         from omni_ext.bench.ceiling import measure_sp
 
         h, w = size_hw(args.size)
