@@ -554,6 +554,38 @@ def test_cfg_parallel_sp_ratios_and_goals() -> None:
     assert "tuned_vs_ceiling" in table and "PASS" in table and "NOT A MEASUREMENT" in table
 
 
+@pytest.mark.parametrize("expand", [False, True], ids=["one-timestep", "ti2v-per-token"])
+def test_the_bare_wan_step_gives_the_transformer_the_timesteps_the_pipeline_gives(expand: bool) -> None:
+    """The ceiling's step feeds the pipeline's own CFG step; a pipeline that expands its timesteps
+    (Wan2.2 TI2V-5B's image mode) gets one per patch token, 0 on the reference's first latent frame, as
+    its ``diffuse`` makes them (the transformer then embeds one per token)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from omni_ext.bench.ceiling import _wan_step
+
+    seen = {}
+
+    class Pipe:
+        expand_timesteps = expand
+        transformer = SimpleNamespace(config=SimpleNamespace(text_dim=8, patch_size=[1, 2, 2]))
+
+        def predict_noise_maybe_with_cfg(self, **kw):
+            seen.update(kw)
+            return kw["positive_kwargs"]["hidden_states"]
+
+    lat = [1, 48, 3, 6, 10]
+    _wan_step(Pipe(), lat)()
+    ts = seen["positive_kwargs"]["timestep"]
+    assert torch.equal(ts, seen["negative_kwargs"]["timestep"]) and seen["positive_kwargs"]["hidden_states"].shape == tuple(lat)
+    if not expand:
+        assert ts.tolist() == [500.0]
+        return
+    assert ts.shape == (1, 3 * 3 * 5)  # frames x (height / 2) x (width / 2) patch tokens
+    assert ts[0, :15].tolist() == [0.0] * 15 and ts[0, 15:].tolist() == [500.0] * 30
+
+
 def test_every_benchmark_waits_for_a_quiet_host_before_it_starts(monkeypatch) -> None:
     """Each ``omni-ext bench`` command takes ``--max-load`` and ``--quiet-wait``, and its run starts with
     :func:`omni_ext.bench.common.quiet_host` (a benchmark that needs a quiet host waits for one)."""
