@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from omni_ext.bench.client import sync_burst, sync_request
@@ -130,22 +129,6 @@ SP_GOALS = {"tuned_vs_stock": (">=", 1.0), "tuned_vs_ceiling": (">=", 0.95)}
 
 def _model(args) -> str:
     return getattr(args, "model", None) or "wan2.1-t2v"
-
-
-def _bare_loop(args, model: Path, workdir: Path):
-    """(the started bare CFG x SP loop, None), or (None, why it could not start)."""
-    from omni_ext.bench.ceiling import SpCeiling
-
-    h, w = size_hw(args.size)
-    frames = args.frames if _model(args).startswith("wan") else 1
-    bare = SpCeiling(model, h, w, frames, args.steps, args.sp, workdir)
-    try:
-        bare.start("parallel")
-    except Exception as exc:  # recorded: the servers' figures still stand
-        bare.close()
-        log(f"ceiling failed: {type(exc).__name__}: {str(exc)[:300]}")
-        return None, f"{type(exc).__name__}: {str(exc)[:2000]}"
-    return bare, None
 
 
 def sp_layout(sp: int) -> tuple[list[str], dict[str, str]]:
@@ -309,14 +292,18 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
             for name in runs:  # warm-up (first-call costs), not recorded
                 send(servers.url(name), request_fields(args, seed=1))
             if ceiling_reps:  # the bare loop interleaved with the servers' requests (ceiling.SpCeiling)
-                bare, ceiling_error = _bare_loop(args, model, workdir)
+                from omni_ext.bench.ceiling import SpCeiling
+
+                h, w = size_hw(args.size)
+                bare = SpCeiling(model, h, w, args.frames if _model(args).startswith("wan") else 1, args.steps,
+                                 args.sp, workdir)
 
             def bare_loop(name: str, note: str) -> None:
                 nonlocal bare, ceiling_error
                 if bare is None:
                     return
                 try:
-                    seconds = bare.run(name)
+                    seconds = bare.run(name)  # its processes start at its first loop
                 except Exception as exc:  # recorded: the servers' figures still stand
                     ceiling_error = f"{type(exc).__name__}: {str(exc)[:2000]}"
                     log(f"ceiling failed: {ceiling_error[:300]}")

@@ -285,7 +285,7 @@ def play(url: str, tracker: JobTracker, args, schedule: list[tuple[float, str]],
 
 def _predictions(answer: Any, watcher: LogWatcher | None) -> dict[str, Any]:
     """What omni-ext predicted for one job and what happened: the wait its ``POST`` answer predicted
-    (``predicted_wait_s``; absent when the job was not queued behind others), its wait until the
+    (``predicted_wait_s``; None when the answer gave none), its wait until the
     executor started it, and the seconds the executor predicted for it and reported at its end. Empty
     where the server logs no starts (vLLM-Omni's executor)."""
     if watcher is None:
@@ -303,9 +303,8 @@ def prediction_stats(requests: list[dict[str, Any]], standalone_s: dict[str, flo
 
     - ``duration_error``: |predicted seconds / reported seconds - 1| of each job the executor predicted
       (p50, p90);
-    - ``start_error_s``: |waited - predicted wait| of each job whose answer predicted a wait (a job
-      started at once predicted none), in seconds (p50, p90) and, p50, over the class's standalone
-      seconds.
+    - ``start_error_s``: |waited - predicted wait| of each job whose answer predicted a wait, in
+      seconds (p50, p90) and, p50, over the class's standalone seconds.
 
     Empty for a server without predictions (vLLM-Omni's executor)."""
     out: dict[str, Any] = {}
