@@ -791,9 +791,36 @@ def test_the_full_size_wan_runs_one_server_at_a_time_and_reports_per_step_overhe
     monkeypatch.setattr(runner, "Servers", FakeServers)
     monkeypatch.setattr(runner, "_request", lambda args: (send, lambda a, seed=7: {"seed": seed}))
     monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+
+    class Peak:  # the memory sampler's switches, in the order the benchmark throws them
+        def __init__(self, server):
+            pass
+
+        def __enter__(self):
+            events.append(("sampling", True))
+            return self
+
+        def __exit__(self, *exc):
+            events.append(("sampling", False))
+
+        def sample_now(self):
+            events.append(("sample",))
+
+        def result(self):
+            return {"peak_server_pss_mb": 1, "peak_host_used_mb": 2}
+
+    monkeypatch.setattr(runner, "MemoryPeak", Peak)
     args = parse("cfg-parallel", "--json", "x.json", "--model-size", "1.3b", "--size", "64x64", "--frames", "9",
                  "--steps", "4", "--reps", "2", "--skip-ceiling")
     result = runner.run_cfg_parallel_sp(args)
+    # a sample walks a 6 GiB worker's page tables: the timed requests (seed 7) run with the sampler off
+    sampling = False
+    for e in events:
+        if e[0] == "sampling":
+            sampling = e[1]
+        elif e[0] == "request":
+            assert sampling == (e[2] == 1), e  # on for the warm-up (seed 1) only
+    assert events.count(("sample",)) == 2  # one sample per server after its timed requests
     starts = [e for e in events if e[0] == "start"]
     assert starts == [("start", ("stock_sp",), True), ("start", ("tuned_sp",), False)]
     first_tuned = events.index(("start", ("tuned_sp",), False))
