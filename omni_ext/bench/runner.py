@@ -273,6 +273,8 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
     memory: dict[str, dict[str, float]] = {}
     ceiling_reps = 0 if args.skip_ceiling else args.ceiling_reps
     bare, ceiling, ceiling_error = None, None, None
+    h, w = size_hw(args.size)
+    frames = args.frames if _model(args).startswith("wan") else 1  # the bare loop's request shape
     total = 2 * args.reps + (2 * ceiling_reps if sequential else (args.reps + ceiling_reps if ceiling_reps else 0))
     progress = Progress(f"cfg-parallel {_model(args)} --sp {args.sp}", total, min_interval_s=0.0)
     try:
@@ -307,9 +309,7 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
             if ceiling_reps:  # the bare loop interleaved with the servers' requests (ceiling.SpCeiling)
                 from omni_ext.bench.ceiling import SpCeiling
 
-                h, w = size_hw(args.size)
-                bare = SpCeiling(model, h, w, args.frames if _model(args).startswith("wan") else 1, args.steps,
-                                 args.sp, workdir)
+                bare = SpCeiling(model, h, w, frames, args.steps, args.sp, workdir)
 
             def bare_loop(name: str, note: str) -> None:
                 nonlocal bare, ceiling_error
@@ -343,9 +343,7 @@ def run_cfg_parallel_sp(args) -> dict[str, Any]:
     if ceiling_reps and sequential:
         from omni_ext.bench.ceiling import measure_sp
 
-        h, w = size_hw(args.size)
         try:
-            frames = args.frames if _model(args).startswith("wan") else 1
             ceiling = measure_sp(model, h, w, frames, args.steps, args.sp, workdir, reps=ceiling_reps, progress=progress)
         except Exception as exc:  # recorded: the servers' figures still stand
             ceiling_error = f"{type(exc).__name__}: {str(exc)[:2000]}"
