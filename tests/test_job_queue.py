@@ -26,7 +26,9 @@ def test_a_job_goes_queued_running_finished_and_teaches_the_cost_model() -> None
     assert q.price(q.get("a")).predicted_s == pytest.approx(2.0)
     q.start("a", 10.0)
     assert q.remaining(q.get("a"), 10.5) == pytest.approx(1.5)
-    assert q.snapshot(10.5) == ([pytest.approx(1.5)], [])
+    running, queued = q.snapshot(10.5)
+    assert [b.remaining_s for b in running] == [pytest.approx(1.5)] and queued == []
+    assert running[0].boundary_s is None  # its steps are unknown: no pause point is predicted
 
 
 def test_a_class_learns_its_fixed_and_per_step_seconds_so_few_step_jobs_are_predicted() -> None:

@@ -551,3 +551,74 @@ def test_deadline_pauses_belong_to_the_slo_order() -> None:
     assert choose(head, [long_], [], one, now=0.0, deadlines=False) is None
     urgent = Waiting("u", JobNeeds(JobMode.SINGLE), priority=-1, predicted_s=2.0)
     assert choose(urgent, [long_], [], one, now=0.0, deadlines=False).reason == "priority"
+
+
+# ---- start predictions with the pauses the executor makes --------------------------------------------
+def test_a_short_job_behind_long_ones_is_predicted_to_start_at_a_step_boundary() -> None:
+    """``bench stream`` at 0.9 of capacity (seed 1, 2026-12-07): short jobs were told they would wait
+    3.8 s at the median (until a long job ended) and waited 0.18 s (a deadline pause a step later)."""
+    from omni_ext.scheduler.preempt import Busy, predicted_starts
+    from omni_ext.scheduler.slots import start_times
+
+    longs = [Busy(6.0, boundary_s=0.3, deadline=100.0), Busy(8.0, boundary_s=0.1, deadline=100.0)]
+    short = Waiting("s", priority=0, predicted_s=1.0, deadline=3.0)
+    assert start_times([6.0, 8.0], [1.0], 2) == [6.0]
+    # the victim is the one with the most slack (its deadline after the short run): 100 - 7 > 100 - 9
+    assert predicted_starts(0.0, longs, [short], 2) == [0.3]
+    # a job that meets its deadline (with the margin) by waiting waits; so does one under "cost"/"fifo"
+    relaxed = Waiting("r", priority=0, predicted_s=1.0, deadline=9.0)
+    assert predicted_starts(0.0, longs, [relaxed], 2) == [6.0]
+    assert predicted_starts(0.0, longs, [short], 2, deadlines=False) == [6.0]
+    # nothing that may pause (no boundary), or no pauses left: the list schedule
+    assert predicted_starts(0.0, [Busy(6.0), Busy(8.0)], [short], 2) == [6.0]
+    spent = [Busy(6.0, 0.3, deadline=100.0, preemptions=8), Busy(8.0, 0.1, deadline=100.0, preemptions=8)]
+    assert predicted_starts(0.0, spent, [short], 2) == [6.0]
+    # a better priority pauses without a deadline: the worst priority, then the most time left
+    urgent = Waiting("u", priority=-1, predicted_s=1.0)
+    assert predicted_starts(0.0, [Busy(6.0, 0.3), Busy(8.0, 0.1)], [urgent], 2) == [0.1]
+
+
+def test_a_paused_job_lets_a_queue_of_short_jobs_through_one_after_another() -> None:
+    """The executor's pass-on: the paused job does not resume between short jobs that each need the
+    pause; the second starts when the first ends, not when the long job does. A job that fits its
+    deadline behind them waits for the slot that frees first."""
+    from omni_ext.scheduler.preempt import Busy, predicted_starts
+
+    long_ = Busy(10.0, boundary_s=0.2, deadline=100.0)
+    a = Waiting("a", predicted_s=1.0, deadline=3.0)
+    b = Waiting("b", predicted_s=1.0, deadline=3.5)
+    assert predicted_starts(0.0, [long_], [a, b], 1) == pytest.approx([0.2, 1.2])
+    roomy = Waiting("c", predicted_s=1.0, deadline=50.0)
+    assert predicted_starts(0.0, [long_], [a, b, roomy], 1) == pytest.approx([0.2, 1.2, 12.0])
+    # the bound holds in the prediction too: one pause left, so the second waits for the long job
+    assert predicted_starts(0.0, [long_], [a, b], 1, max_preemptions=1) == pytest.approx([0.2, 11.0])
+
+
+def test_the_queue_predicts_boundaries_from_measured_steps_and_admission_counts_them() -> None:
+    """A running job's next step boundary: from its reported steps (step time, when the last ended),
+    before them one predicted step; none where it cannot pause. What a newcomer is told follows."""
+    from omni_ext.scheduler.admission import Admission
+    from omni_ext.scheduler.queue import JobQueue
+
+    config = SchedulerConfig(seconds_per_unit=1.0, max_wait_s=60.0)
+    q: JobQueue[None] = JobQueue(config)
+    q.submit("long", None, priority=0, arrival=0.0, key="s", units=20.0, n_steps=20)
+    q.start("long", 0.0)
+    assert q.boundary(q.get("long"), 0.5) == pytest.approx(1.0)  # no step measured: 20 s / 20 steps
+    entry = q.get("long")
+    entry.steps = (4, 20, 4.0, 0.5)  # 4 steps of 1 s after 0.5 s of text encoding: the 4th ended at 4.5
+    assert q.boundary(entry, 4.8) == pytest.approx(0.7)
+    assert q.boundary(entry, 7.0) is None  # 1.5 steps overdue: paused under another job
+    entry.steps = (20, 20, 20.0, 0.5)
+    assert q.boundary(entry, 20.6) is None  # its loop is done: decoding
+    entry.steps = (4, 20, 4.0, 0.5)
+    new = q.entry("short", None, priority=0, arrival=4.8, key="s", units=1.0)
+    decision = Admission(config, 1).decide(4.8, *q.snapshot(4.8), new.ticket)
+    assert decision.admitted and decision.wait_s == pytest.approx(0.7)  # not the long job's 16 s left
+    off: JobQueue[None] = JobQueue(SchedulerConfig(seconds_per_unit=1.0, max_wait_s=60.0, preempt=False))
+    off.submit("long", None, priority=0, arrival=0.0, key="s", units=20.0, n_steps=20)
+    off.start("long", 0.0)
+    off.get("long").steps = (4, 20, 4.0, 0.5)
+    assert off.boundary(off.get("long"), 4.8) is None
+    new = off.entry("short", None, priority=0, arrival=4.8, key="s", units=1.0)
+    assert Admission(off.config, 1).decide(4.8, *off.snapshot(4.8), new.ticket).wait_s == pytest.approx(16.0)  # 16 steps left

@@ -102,7 +102,7 @@ class RequestQueue:
     """The account of one server's admitted jobs (see the module docstring).
 
     ``tuned``: the TunedExecutor runs the jobs; it orders them by priority, vLLM-Omni's own
-    executor runs them first come first served, and the account follows whichever runs.
+    executor runs them first come first served and never pauses one, and the account follows whichever runs.
     ``slots``: jobs that run at once (:meth:`omni_ext.scheduler.layout.ServerLayout.slots`).
     ``live_slots``/``bound_since``: when a dispatch in this process binds jobs to replicas
     (:class:`omni_ext.dispatch.replicas.ReplicaDispatch`, given at start-up), how many jobs its live
@@ -124,7 +124,7 @@ class RequestQueue:
         cfg_size: int = 1, cfg_mode: CfgMode = CfgMode.ADAPTIVE,
     ) -> None:
         config = config or SchedulerConfig()
-        self.config = config if tuned else dataclasses.replace(config, order="fifo", aging_s=0.0)
+        self.config = config if tuned else dataclasses.replace(config, order="fifo", aging_s=0.0, preempt=False)
         self.tuned = tuned
         # the mode a queued job is predicted in, by whether it runs CFG (None: vLLM-Omni's executor, no modes)
         self.modes: dict[bool, str | None] = {

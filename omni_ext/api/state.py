@@ -31,7 +31,7 @@ from omni_ext.api.intake import ID_RE, ModelLimits
 from omni_ext.api import signed, tokens
 from omni_ext.api.jobs import Job, JobStore
 from omni_ext.api.tokens import PromptTokens
-from omni_ext.scheduler.layout import ServerLayout, diffusion_stage, server_layout
+from omni_ext.scheduler.layout import ServerLayout, diffusion_stage, pause_refusal, server_layout
 from omni_ext.api.queue import Admitted, RequestQueue
 from omni_ext.api.archive import RequestArchive
 from omni_ext.api.settings import ApiSettings, load_settings
@@ -339,10 +339,12 @@ def request_queue(app_state: Any, args: Any, limits: ModelLimits, model_name: st
     if dispatch is not None:
         dispatch.configure(layout.replica_slots(config.cfg_mode, limits.pipeline), limits.pipeline, config)
         replicas = {"live_slots": dispatch.capacity, "bound_since": dispatch.bound_since}
+    backend = getattr(args, "cache_backend", None)
+    if config.preempt and layout.tuned and pause_refusal(limits.pipeline, backend) is not None:
+        config = replace(config, preempt=False)  # the executor will not pause: start predictions count no pauses
     queue = RequestQueue(config, layout.slots(config.cfg_mode, limits.pipeline), tuned=layout.tuned, model=model_name,
                          max_jobs=max_jobs, cfg_size=layout.cfg, cfg_mode=layout.cfg_mode(config.cfg_mode, limits.pipeline),
                          **replicas)
-    backend = getattr(args, "cache_backend", None)
     logger.info("omni-ext scheduler (API): %d slot(s) (%s executor), max_wait_s=%g, seed %s s/unit%s%s", queue.slots,
                 "TunedExecutor" if layout.tuned else "vLLM-Omni's", config.max_wait_s, config.seconds_per_unit,
                 f" (for cache backend {backend})" if backend not in (None, "", "none") else "",

@@ -276,15 +276,10 @@ class TunedExecutor(DiffusionExecutor):
         )
 
     def _preempt_refusal(self) -> str | None:
-        """Why this executor's jobs cannot be paused exactly (step-level preemption), or None. The
-        pause point of a CFG pair is omni-ext's tuned pipeline; a cache backend keeps per-request
-        state in the transformer that the pause does not save (:mod:`omni_ext.executor.suspend`)."""
-        if not self._tuned_model:
-            return f"{self.model_arch} runs without omni-ext's tuned pipeline"
-        backend = getattr(self.od_config, "cache_backend", None)
-        if backend not in (None, "", "none"):
-            return f"cache backend {backend!r} keeps per-request state a pause cannot save"
-        return None
+        """Why this executor's jobs cannot be paused exactly (:func:`omni_ext.scheduler.layout.pause_refusal`)."""
+        from omni_ext.scheduler.layout import pause_refusal
+
+        return pause_refusal(self.model_arch, getattr(self.od_config, "cache_backend", None))
 
     def _batch_key(self) -> Any:
         """What makes requests of one wave batchable (request batching), or None where this server

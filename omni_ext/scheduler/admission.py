@@ -44,7 +44,10 @@ one job running at a time: a rank of the TunedExecutor, or the whole server for 
 executor): each running job holds its slot for its predicted remaining time, each job ahead in that
 order takes the slot that frees first, and a new request starts when the next slot frees after
 them. Only jobs that start before it count, so an interactive request (priority -1) sent into a full
-queue of batch work (priority 0) is admitted and starts when the first running job ends.
+queue of batch work (priority 0) is admitted. Where the TunedExecutor pauses jobs (step-level
+preemption), a job for which :mod:`omni_ext.scheduler.preempt` would pause a running one starts at
+that job's next step boundary instead of its end (:func:`starts`); that interactive request starts a
+step after it arrives, not when the first running job ends.
 
 **Admission.** A request predicted to start later than ``max_wait_s`` is refused, and the client is
 told when to come back (``Retry-After``): the time at which the work ahead of it, *plus the clients
@@ -58,11 +61,12 @@ a job exists.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from omni_ext.scheduler.config import SchedulerConfig
+from omni_ext.scheduler.preempt import Busy, Waiting, deadline_pauses, predicted_starts
+from omni_ext.scheduler.slots import start_times
 
 
 # ---- order ------------------------------------------------------------------------------------
@@ -173,37 +177,27 @@ def _deadline_order(tickets: list[Ticket], now: float, config: SchedulerConfig, 
 MIN_RETRY_S = 1.0
 
 
-def slot_free_times(running_remaining: Sequence[float], capacity: int) -> list[float]:
-    """A heap of the seconds from now at which each of ``capacity`` slots frees for the queue:
-    ``running_remaining`` (one entry per running job) hold their slots first; more running jobs
-    than slots (a layout change) queue up."""
-    capacity = max(1, int(capacity))
-    slots = [0.0] * capacity
-    running = sorted((max(0.0, r) for r in running_remaining), reverse=True)
-    for i, rest in enumerate(running[:capacity]):
-        slots[i] = rest
-    heapq.heapify(slots)
-    for rest in running[capacity:]:
-        heapq.heappush(slots, heapq.heappop(slots) + rest)
-    return slots
-
-
-def start_times(running_remaining: Sequence[float], queued: Sequence[float], capacity: int) -> list[float]:
-    """Seconds from now until each of the ``queued`` jobs (service seconds, in start order) starts:
-    ``running_remaining`` (one entry per running job) hold their slots first, then each queued job
-    takes the slot that frees first, on ``capacity`` slots."""
-    slots = slot_free_times(running_remaining, capacity)
-    starts = []
-    for seconds in queued:
-        start = heapq.heappop(slots)
-        starts.append(start)
-        heapq.heappush(slots, start + max(0.0, seconds))
-    return starts
-
-
-def predict_start(running_remaining: Sequence[float], ahead: Sequence[float], capacity: int) -> float:
+def predict_start(running_remaining: Sequence[float | Busy], ahead: Sequence[float], capacity: int) -> float:
     """Seconds from now until a new job starts behind ``ahead`` (see :func:`start_times`)."""
-    return start_times(running_remaining, [*ahead, 0.0], capacity)[-1]
+    return start_times([left_s(r) for r in running_remaining], [*ahead, 0.0], capacity)[-1]
+
+
+def left_s(running: float | Busy) -> float:
+    """Seconds until a running job frees its slot (a :class:`~omni_ext.scheduler.preempt.Busy` or the seconds)."""
+    return running.remaining_s if isinstance(running, Busy) else running
+
+
+def starts(now: float, running: Sequence[float | Busy], ordered: Sequence[Ticket], capacity: int,
+           config: SchedulerConfig) -> list[float]:
+    """Seconds from ``now`` until each of ``ordered`` (in start order) starts: :func:`start_times`,
+    with the step-boundary pauses preemption makes when the server pauses jobs (``running`` are
+    :class:`~omni_ext.scheduler.preempt.Busy` with a boundary, ``config.preempt``:
+    :func:`~omni_ext.scheduler.preempt.predicted_starts`)."""
+    if config.preempt and any(isinstance(r, Busy) and r.boundary_s is not None for r in running):
+        return predicted_starts(now, [r if isinstance(r, Busy) else Busy(r) for r in running],
+                                [Waiting(t.id, None, t.priority, _seconds(t), t.deadline(config.slo_factor), arrival=t.arrival)
+                                 for t in ordered], capacity, max_preemptions=config.max_preemptions, deadlines=deadline_pauses(config.order))
+    return start_times([left_s(r) for r in running], [_seconds(t) for t in ordered], capacity)
 
 
 @dataclass(frozen=True)
@@ -239,18 +233,18 @@ class Admission:
     capacity: int = 1
     promises: list[_Promise] = field(default_factory=list)
 
-    def estimates(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket]) -> dict[str, Estimate]:
+    def estimates(self, now: float, running_remaining: Sequence[float | Busy], queued: Sequence[Ticket]) -> dict[str, Estimate]:
         """Queue position and predicted start of every queued ticket, by id (one pass)."""
         ordered = in_order(queued, now, self.config, capacity=self.capacity)
-        starts = start_times(running_remaining, [_seconds(t) for t in ordered], self.capacity)
-        return {t.id: Estimate(i, start) for i, (t, start) in enumerate(zip(ordered, starts))}
+        at = starts(now, running_remaining, ordered, self.capacity, self.config)
+        return {t.id: Estimate(i, start) for i, (t, start) in enumerate(zip(ordered, at))}
 
-    def estimate(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket], ticket: Ticket) -> Estimate:
+    def estimate(self, now: float, running_remaining: Sequence[float | Busy], queued: Sequence[Ticket], ticket: Ticket) -> Estimate:
         """Queue position and predicted start of ``ticket`` (queued or about to be)."""
         others = [q for q in queued if q.id != ticket.id]
         return self.estimates(now, running_remaining, [*others, ticket])[ticket.id]
 
-    def decide(self, now: float, running_remaining: Sequence[float], queued: Sequence[Ticket], new: Ticket) -> Decision:
+    def decide(self, now: float, running_remaining: Sequence[float | Busy], queued: Sequence[Ticket], new: Ticket) -> Decision:
         """Admit ``new`` or refuse it with the time to come back (and remember that promise)."""
         self._expire(now)
         others = [q for q in queued if q.id != new.id]
@@ -275,7 +269,7 @@ class Admission:
         self.promises.append(_Promise(now + retry, _seconds(new)))
         return Decision(False, est.start_in_s, est.position, retry_after_s=retry, reason="queue_full")
 
-    def _breaks_promises(self, now: float, running_remaining: Sequence[float], others: Sequence[Ticket],
+    def _breaks_promises(self, now: float, running_remaining: Sequence[float | Busy], others: Sequence[Ticket],
                          peers: Sequence[Ticket], with_new: dict[str, Estimate]) -> bool:
         """Whether admitting a request would push one of ``peers`` (admitted, of its priority or better)
         past ``max_wait_s``, or past its current prediction for one already beyond it. Order ``"slo"``

@@ -124,6 +124,19 @@ class ServerLayout:
         return self.replicas * self.replica_slots(cfg_mode, pipeline)
 
 
+def pause_refusal(pipeline: str | None, cache_backend: str | None) -> str | None:
+    """Why the TunedExecutor cannot pause ``pipeline``'s jobs exactly (step-level preemption), or
+    None. The pause point of a CFG pair is omni-ext's tuned pipeline; a cache backend keeps
+    per-request state in the transformer that the pause does not save (:mod:`omni_ext.executor.suspend`).
+    The executor applies it, and the API process's start predictions count pauses only where it allows them."""
+    family = families.family_of(pipeline)
+    if family is None or not family.splits_cfg_groups:
+        return f"{pipeline} runs without omni-ext's tuned pipeline"
+    if cache_backend not in (None, "", "none"):
+        return f"cache backend {cache_backend!r} keeps per-request state a pause cannot save"
+    return None
+
+
 def _int(value: Any, default: int = 1) -> int:
     try:
         return max(1, int(value)) if value is not None else default

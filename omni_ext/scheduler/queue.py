@@ -10,7 +10,7 @@ somewhere), then finished (its time teaches the cost model) or aborted (it teach
 Pricing (a job's predicted seconds from the :class:`~omni_ext.scheduler.cost.CostModel`, the one
 measure tickets are ordered by), the order (:mod:`omni_ext.scheduler.admission`), the remaining
 time of running jobs (:func:`~omni_ext.scheduler.cost.remaining_s`) and predicted starts
-(:func:`~omni_ext.scheduler.admission.start_times`) are read from it.
+(:func:`~omni_ext.scheduler.admission.starts`) are read from it.
 
 Pure: no clock of its own (every call takes ``now``, in the one clock the owner uses for arrivals
 and starts), no threads, no I/O; the owner serialises its calls (a lock, or one event loop).
@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from omni_ext.scheduler.admission import Admission, Decision, Estimate, Ticket, in_order, start_times
+from omni_ext.scheduler.admission import Admission, Decision, Estimate, Ticket, in_order, starts
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.cost import CostModel, remaining_s
+from omni_ext.scheduler.cost import CostModel, mode_key, remaining_s
+from omni_ext.scheduler.preempt import Busy
 
 #: vLLM-Omni's start-up warm-up request ids start with this
 #: (``vllm_omni.diffusion.request.DUMMY_DIFFUSION_REQUEST_ID`` in 0.30).
@@ -215,19 +216,49 @@ class JobQueue(Generic[P]):
         left = remaining_s(predicted, now - (entry.started if entry.started is not None else now), *entry.steps)
         return None if left is None else left * entry.speed
 
-    def snapshot(self, now: float) -> tuple[list[float], list[Ticket]]:
-        """(predicted seconds left of each running job, the queued tickets priced afresh): what
+    def snapshot(self, now: float) -> tuple[list[Busy], list[Ticket]]:
+        """(each slot a running job holds, the queued tickets priced afresh): what
         :class:`~omni_ext.scheduler.admission.Admission` decides on."""
         return self._held(now), [self.price(e) for e in self.queued()]
 
-    def _held(self, now: float) -> list[float]:
-        """Predicted seconds left of each slot a running job holds (a pair's for each of its ranks)."""
-        return [left for e in self.running()
-                for left in [self.remaining(e, now) or 0.0] * (max(1, e.slots) if now >= e.slots_from else 1)]
+    def _held(self, now: float) -> list[Busy]:
+        """Each slot a running job holds (a pair's for each of its ranks): its predicted seconds left,
+        and when it can pause (:meth:`boundary`)."""
+        return [slot for e in self.running()
+                for slot in [self._busy(e, now)] * (max(1, e.slots) if now >= e.slots_from else 1)]
+
+    def _busy(self, entry: Entry[P], now: float) -> Busy:
+        ticket = entry.ticket
+        return Busy(self.remaining(entry, now) or 0.0, self.boundary(entry, now), ticket.priority,
+                    ticket.deadline(self.config.slo_factor), ticket.arrival)
+
+    def boundary(self, entry: Entry[P], now: float) -> float | None:
+        """Predicted seconds until a running job reaches its next denoise-step boundary, where the
+        TunedExecutor can pause it (:mod:`omni_ext.scheduler.preempt`); None when it will not pause
+        there: this server does not preempt (``config.preempt``), it is the warm-up, its loop is done,
+        it is overdue by more than a step (paused under another job), or no step time is known.
+        Measured steps give the step time and when the last one ended; before the first, the
+        boundary is taken to be one step away (the text encoding before the loop is not known apart)."""
+        if not self.config.preempt or is_warm_up(entry.id) or entry.started is None:
+            return None
+        if entry.steps:
+            done, total, loop_s, before_loop_s = entry.steps
+            if done >= total or done <= 0:
+                return None
+            per_step = loop_s / done
+            into = max(0.0, now - entry.started - before_loop_s - loop_s)
+            return per_step - into if into <= per_step else None
+        if entry.n_steps <= 0:
+            return None
+        cls = mode_key(entry.key, entry.mode) if entry.mode else entry.key
+        per_step = self.cost.per_step.get(cls)
+        if per_step is None:
+            predicted = self.cost.predict_s(entry.key, entry.units, entry.mode, entry.n_steps)
+            per_step = None if predicted is None else predicted / entry.n_steps
+        return None if per_step is None else per_step * entry.speed
 
     def estimates(self, now: float, capacity: int) -> dict[str, Estimate]:
         """Queue position and predicted seconds until it starts of every queued job, on ``capacity`` slots."""
         ordered = self.ordered(now, capacity)
-        running = self._held(now)
-        starts = start_times(running, [e.ticket.predicted_s or 0.0 for e in ordered], capacity)
-        return {e.id: Estimate(i, s) for i, (e, s) in enumerate(zip(ordered, starts))}
+        at = starts(now, self._held(now), [e.ticket for e in ordered], capacity, self.config)
+        return {e.id: Estimate(i, s) for i, (e, s) in enumerate(zip(ordered, at))}
