@@ -106,6 +106,14 @@ def test_figures_pass_only_ahead_of_fifo_and_stock_and_preemption_costs_little()
                        {"capacity_rps": 0.19, "capacity_rps_alone": 0.209, "two_jobs_over_alone": {"slo": 1.12, "stock": 1.1},
                         "contention": 1.11, "groups": 2})
     assert "0.209 req/s at standalone speed, over two long jobs at once each 1.110x slower" in st.table(out)
+    # ``--servers slo``: ahead of the baselines it ran (none), the goal alone; with fifo alone, ahead of fifo
+    alone = st.summarize({"slo": raw["slo"]}, {"slo": standalone["slo"]}, [0.7, 0.9], None, {"measurement": True}, {})
+    fig = alone["figures"]["stream.slo3_attainment@0.9"]
+    assert fig["pass"] is True and fig["ahead_of_baselines"] is None
+    pair = st.summarize({k: raw[k] for k in ("slo", "fifo")}, {k: standalone[k] for k in ("slo", "fifo")}, [0.7, 0.9],
+                        None, {"measurement": True}, {})
+    assert pair["figures"]["stream.slo3_attainment@0.7"]["pass"] is True  # 1.0 against fifo's 0.8
+    assert pair["figures"]["stream.slo3_attainment@0.9"]["pass"] is False  # 0.9 against fifo's equal 0.9
 
 
 def test_the_stock_server_runs_vllm_omnis_executor_and_dispatch(tmp_path: Path) -> None:
