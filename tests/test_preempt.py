@@ -609,6 +609,10 @@ def test_the_queue_predicts_boundaries_from_measured_steps_and_admission_counts_
     entry.steps = (4, 20, 4.0, 0.5)  # 4 steps of 1 s after 0.5 s of text encoding: the 4th ended at 4.5
     assert q.boundary(entry, 4.8) == pytest.approx(0.7)
     assert q.boundary(entry, 7.0) is None  # 1.5 steps overdue: paused under another job
+    # after a pause of 3 s the reports leave the pause out: the latest step's end says where it is
+    entry.steps, entry.step_at = (5, 20, 5.0, 0.5), 8.5
+    assert q.boundary(entry, 8.8) == pytest.approx(0.7)
+    entry.step_at = None
     entry.steps = (20, 20, 20.0, 0.5)
     assert q.boundary(entry, 20.6) is None  # its loop is done: decoding
     entry.steps = (4, 20, 4.0, 0.5)
@@ -622,3 +626,27 @@ def test_the_queue_predicts_boundaries_from_measured_steps_and_admission_counts_
     assert off.boundary(off.get("long"), 4.8) is None
     new = off.entry("short", None, priority=0, arrival=4.8, key="s", units=1.0)
     assert Admission(off.config, 1).decide(4.8, *off.snapshot(4.8), new.ticket).wait_s == pytest.approx(16.0)  # 16 steps left
+
+
+def test_a_paused_job_waits_under_the_job_on_its_ranks_and_passes_the_slot_on() -> None:
+    """The API process sees a paused job by its progress file (mode ``paused``): it holds no slot of
+    its own but frees its slot after the job running over it, and may let the next job through when
+    that one ends (``bench stream`` seed 1 at 0.9: a few-step job told 4.6 s started in 0.08 s so)."""
+    from omni_ext.scheduler.admission import Admission
+    from omni_ext.scheduler.queue import JobQueue
+
+    config = SchedulerConfig(seconds_per_unit=1.0, max_wait_s=60.0)
+    q: JobQueue[None] = JobQueue(config)
+    for job, units, at in (("paused", 20.0, 0.0), ("short", 1.0, 4.0), ("long", 20.0, 1.0)):
+        q.submit(job, None, priority=0, arrival=at, key="s", units=units, n_steps=20 if units > 1 else 4)
+        q.start(job, at)
+    q.get("paused").paused = True
+    q.get("paused").steps, q.get("paused").step_at = (4, 20, 4.0, 0.0), 4.0
+    long_ = q.get("long")
+    long_.steps, long_.step_at = (3, 20, 3.0, 0.0), 4.0
+    held = sorted(q._held(4.2), key=lambda b: b.remaining_s)
+    assert [b.remaining_s for b in held] == pytest.approx([0.8 + 16.0, 17.0])
+    assert [b.boundary_s for b in held] == pytest.approx([0.8, 0.8])  # the long one's next step; the short's end
+    few = q.entry("few", None, priority=0, arrival=4.2, key="s", units=0.3)
+    decision = Admission(config, 2).decide(4.2, *q.snapshot(4.2), few.ticket)
+    assert decision.wait_s == pytest.approx(0.8)  # not 16.8 s: a pause, at the first boundary on offer

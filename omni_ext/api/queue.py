@@ -33,7 +33,7 @@ from omni_ext import healing
 from omni_ext.api import metrics
 from omni_ext.api.errors import APIError, too_busy
 from omni_ext.models.families import JobShape
-from omni_ext.progress import StepProgress, read_progress
+from omni_ext.progress import PAUSED, StepProgress, read_progress
 from omni_ext.scheduler.admission import MIN_RETRY_S, Admission, Decision, predict_start
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig
 from omni_ext.scheduler.cost import MODES, CostModel
@@ -282,6 +282,8 @@ class RequestQueue:
             entry.payload.step = step
             entry.steps = ((step.done, step.total, step.t_last - step.t_start, step.before_loop_s)
                            if step.done > 0 else ())
+            entry.step_at = self.clock() - max(0.0, self.wall() - step.t_last) if step.done > 0 else None
+            entry.paused = step.mode == PAUSED
             started_wall: float | None = step.started_at
         else:
             started_wall = None if entry.running else self.bound_since(entry.id)

@@ -19,6 +19,7 @@ What each mechanism adds (pipes and ranks, replica bindings, HTTP admission) sta
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,7 +52,8 @@ class Entry(Generic[P]):
     ``payload``: what the owning mechanism keeps for it. Once started: ``started`` (the owner's
     clock), ``where`` (ranks, a replica), ``predicted_s`` (the prediction when it started, before
     ``speed``), ``speed`` (how much slower than the cost model ``where`` runs), ``steps`` (measured
-    denoise progress: done, total, seconds those took, seconds from the job's start to its loop's),
+    denoise progress: done, total, seconds those took, seconds from the job's start to its loop's;
+    ``step_at``: when the latest of them ended),
     ``mode``: the run mode its time is predicted in while queued and learned in once it ran
     (:func:`~omni_ext.scheduler.cost.mode_key`; None: its class is ``key`` alone)."""
 
@@ -65,6 +67,8 @@ class Entry(Generic[P]):
     predicted_s: float | None = None
     speed: float = 1.0
     steps: tuple[int, int, float, float] | tuple[()] = field(default=())
+    step_at: float | None = None  # when its latest step ended (the owner's clock; None: not reported)
+    paused: bool = False  # paused by step-level preemption, another job on its ranks
     mode: str | None = None
     n_steps: int = 0  # its denoise steps, 0: unknown (the cost model's fixed + per-step prediction)
     slots: int = 1  # slots it holds while it runs (a CFG pair: both ranks of its group) ...
@@ -223,9 +227,24 @@ class JobQueue(Generic[P]):
 
     def _held(self, now: float) -> list[Busy]:
         """Each slot a running job holds (a pair's for each of its ranks): its predicted seconds left,
-        and when it can pause (:meth:`boundary`)."""
-        return [slot for e in self.running()
-                for slot in [self._busy(e, now)] * (max(1, e.slots) if now >= e.slots_from else 1)]
+        and when it can pause (:meth:`boundary`). A paused job waits under the job running on its
+        ranks (taken to be the one that ends first of those not yet over a paused one): their slot
+        frees after both, and when that one ends the paused one may let the next job through (the
+        executor's pass-on), so the slot's boundary is that end."""
+        running = self.running()
+        slots = [self._busy(e, now) for e in running if not e.paused
+                 for _ in range(max(1, e.slots) if now >= e.slots_from else 1)]
+        free = sorted(range(len(slots)), key=lambda i: slots[i].remaining_s)
+        for e in sorted((e for e in running if e.paused), key=lambda e: -(self.remaining(e, now) or 0.0)):
+            under = self._busy(e, now)
+            if not free:
+                slots.append(dataclasses.replace(under, boundary_s=None))
+                continue
+            i = free.pop(0)
+            over = slots[i].remaining_s
+            slots[i] = dataclasses.replace(under, remaining_s=over + under.remaining_s,
+                                           boundary_s=over if self.config.preempt else None)
+        return slots
 
     def _busy(self, entry: Entry[P], now: float) -> Busy:
         ticket = entry.ticket
@@ -246,7 +265,9 @@ class JobQueue(Generic[P]):
             if done >= total or done <= 0:
                 return None
             per_step = loop_s / done
-            into = max(0.0, now - entry.started - before_loop_s - loop_s)
+            # since its latest step: a pause moves the reported loop's start on, not the job's start here
+            ended = entry.step_at if entry.step_at is not None else entry.started + before_loop_s + loop_s
+            into = max(0.0, now - ended)
             return per_step - into if into <= per_step else None
         if entry.n_steps <= 0:
             return None
