@@ -251,11 +251,12 @@ def _victim_words(slack_s: float, doomed: bool, at_risk: int) -> str:
 # ---- start predictions ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Busy:
-    """A running job as a start prediction sees its slot: ``remaining_s`` until it frees it;
-    ``boundary_s``: seconds until its next denoise-step boundary, where it can pause (None: it cannot
-    be paused: the server does not preempt, or the job is past its loop, a warm-up, or runs over a
-    paused one); its priority, deadline, arrival (the caller's clock) and pauses so far as
-    :class:`Running` has them."""
+    """A slot as a start prediction sees it: ``remaining_s`` until it frees; ``boundary_s``: seconds
+    until its job can pause, at its next denoise-step boundary (None: it cannot: the server does not
+    preempt, the job is past its loop, or is the warm-up). A slot whose job runs over a paused one
+    frees after both, and its boundary is that job's end, where the paused one may let the next job
+    through; the fields then are the paused job's. Priority, deadline, arrival (the caller's clock)
+    and pauses so far as :class:`Running` has them."""
 
     remaining_s: float
     boundary_s: float | None = None
@@ -284,8 +285,8 @@ def predicted_starts(now: float, busy: Sequence[Busy], queued: Sequence[Waiting]
     is not paused, a pair's two slots are two slots, and a pause's own cost (milliseconds) is not
     counted."""
     capacity = max(1, int(capacity))
-    # the running jobs with the most time left hold their own slot; any beyond capacity (a job over a
-    # paused one) start on the slot that frees first, and that slot can no longer pause
+    # the running jobs with the most time left hold their own slot; any beyond capacity (the layout
+    # shrank) start on the slot that frees first, and that slot can no longer pause
     ordered = sorted(busy, key=lambda b: b.remaining_s, reverse=True)
     slots: list[tuple[float, Busy | None]] = [(0.0, None)] * capacity  # (frees in s, its job if it may pause)
     for i, b in enumerate(ordered[:capacity]):
@@ -323,9 +324,9 @@ def _predicted_victim(now: float, slots: Sequence[tuple[float, Busy | None]], jo
     judged = Waiting(head.id, None, head.priority, head.predicted_s, head.deadline if pressure is None else pressure,
                      max(1, at_risk), arrival=head.arrival)
     wait = min(s for s, _ in slots)
-    fitting = [Running(str(i), head.priority if b is None else b.priority, (i,), remaining_s=s,
-                       deadline=None if b is None else b.deadline, arrival=None if b is None else b.arrival,
-                       preemptions=0 if b is None else b.preemptions, preemptible=b is not None and b.boundary_s is not None and b.boundary_s < wait)
+    fitting = [Running(str(i), head.priority, (i,), remaining_s=s, preemptible=False) if b is None else
+               Running(str(i), b.priority, (i,), remaining_s=s, deadline=b.deadline, arrival=b.arrival,
+                       preemptions=b.preemptions, preemptible=b.boundary_s is not None and b.boundary_s < wait)
                for i, (s, b) in enumerate(slots)]
     choice = pick(judged, fitting, now=now, max_preemptions=max_preemptions, deadlines=deadlines)
     return None if choice is None else int(choice.victim)
