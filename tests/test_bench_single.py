@@ -277,3 +277,19 @@ def test_row_breakdown_medians_per_part_and_the_delta_where_both_report_it() -> 
     table = s.breakdown_table({"rows": [{"name": "wan x1", "breakdown": rb}, {"name": "failed"}]})
     assert "wan x1" in table and "110.0/100.0" in table and "-/2.0" in table and "failed" not in table
     assert all(f"  {p}: " in table for p in s.PARTS)
+
+
+def test_rows_below_the_models_minimum_steps_are_not_run_and_not_counted() -> None:
+    """Qwen-Image takes 2 steps or more (``limits_for_model``'s ``min_steps``: the API refuses 1, a NaN
+    sigma); its x1 row was a 400 that counted as a row without figures (2026-12-07 12:21: "12/14 rows")."""
+    floor = 2
+    rows = [{**r, **s.row_summary([0.2] * 5, [0.19] * 5, True, expected_reps=5)}
+            for r in s.single_grid((9,), (1, 2), "64x64", ("qwen-image",))]
+    s.skip_below(rows, floor)
+    assert [bool(r.get("skipped")) for r in rows] == [True, False]
+    v = s.overall_verdict(rows, True, 5)
+    assert (v["verdict"], v["rows"], v["rows_met"], v["missing"]) == ("PASS", 1, 1, [])
+    assert v["skipped"] == ["qwen-image 64x64 image x1 steps (1 step(s): this model takes 2 or more)"]
+    table = s.single_table({"rows": rows, "overall": v, "pairs": {}})
+    assert table.splitlines()[2].rstrip().endswith("skipped")
+    assert "not run: qwen-image 64x64 image x1 steps (1 step(s): this model takes 2 or more)" in table

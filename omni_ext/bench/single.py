@@ -268,10 +268,23 @@ def prediction_summary(jobs: list[dict[str, float]]) -> dict[str, Any]:
             "median_abs_error": c.median(rest) if rest else None}
 
 
+def skip_below(rows: list[dict[str, Any]], min_steps: int) -> None:
+    """Mark the rows whose step count the model cannot run (``skipped``, with why): the API refuses fewer
+    than its ``min_steps`` (Qwen-Image's FlowMatch scheduler, stretched to a terminal sigma, gives a
+    NaN sigma at one step: :func:`omni_ext.api.validation.limits_for_model`). They are not run and
+    not counted, where a 400 had counted as a row without figures."""
+    for row in rows:
+        if row["steps"] < min_steps:
+            row["skipped"] = f"{row['steps']} step(s): this model takes {min_steps} or more"
+
+
 def overall_verdict(rows: list[dict[str, Any]], measurement: bool, reps: int) -> dict[str, Any]:
     """PASS when every row was measured and met both goals; FAIL when any row missed one; INCOMPLETE when
     none missed but some row has no figures (a server or request failed). ``flags`` say what weakens it:
-    a busy host at a pair's start (not a measurement) or fewer than :data:`MIN_REPS` alternations."""
+    a busy host at a pair's start (not a measurement) or fewer than :data:`MIN_REPS` alternations. Rows
+    the model cannot run (:func:`skip_below`) are listed apart and not counted."""
+    skipped = [f"{r['name']} ({r['skipped']})" for r in rows if r.get("skipped")]
+    rows = [r for r in rows if not r.get("skipped")]
     failed = [r["name"] for r in rows if r.get("pass") is False]
     missing = [r["name"] for r in rows if r.get("pass") is None]
     ratios = [r["figures"]["tuned_vs_stock"]["value"] for r in rows if r.get("figures")]
@@ -292,7 +305,7 @@ def overall_verdict(rows: list[dict[str, Any]], measurement: bool, reps: int) ->
     return {"verdict": word, "pass": ok, "measurement": measurement, "rows": len(rows),
             "rows_met": sum(1 for r in rows if r.get("pass") is True), "failed": failed, "missing": missing,
             "worst_tuned_vs_stock": min(ratios) if ratios else None,
-            "max_overhead_ms": max(overheads) if overheads else None, "flags": flags}
+            "max_overhead_ms": max(overheads) if overheads else None, "flags": flags, "skipped": skipped}
 
 
 def verdict_line(overall: dict[str, Any]) -> str:
@@ -304,6 +317,8 @@ def verdict_line(overall: dict[str, Any]) -> str:
         parts.append("missed: " + "; ".join(overall["failed"]))
     if overall["missing"]:
         parts.append("no figures: " + "; ".join(overall["missing"]))
+    if overall.get("skipped"):
+        parts.append("not run: " + "; ".join(overall["skipped"]))
     parts += [f"FLAG: {f}" for f in overall["flags"]]
     return "\n".join(parts)
 
@@ -318,7 +333,7 @@ def single_table(result: dict[str, Any]) -> str:
         med = r.get("median_latency_s") or {}
         figs = r.get("figures") or {}
         ms = {k: None if med.get(k) is None else 1000.0 * med[k] for k in ("stock", "tuned")}
-        word = "n/a" if r.get("pass") is None else c.verdict({"pass": r["pass"],
+        word = "skipped" if r.get("skipped") else "n/a" if r.get("pass") is None else c.verdict({"pass": r["pass"],
                                                                "measurement": (figs.get("tuned_vs_stock") or {}).get("measurement", True)})
         missed = [short for key, short in (("tuned_vs_stock", "ratio"), ("overhead_ms", "overhead"))
                   if (figs.get(key) or {}).get("pass") is False]
@@ -363,6 +378,7 @@ def _send(row: dict[str, Any]):
 def _measure_pair(args, model: str, rows: list[dict[str, Any]], root: Path, progress: c.Progress,
                   pair: dict[str, Any]) -> None:
     """Start ``model``'s stock/tuned pair, run its rows (records into each row's ``runs``), stop it."""
+    from omni_ext.api.validation import limits_for_model
     from omni_ext.bench.common import STOCK_ENV
     from omni_ext.bench.runner import sp_layout, sp_server_specs
 
@@ -376,13 +392,17 @@ def _measure_pair(args, model: str, rows: list[dict[str, Any]], root: Path, prog
     _, layout_env = sp_layout(1)
     servers = c.Servers(tiny, workdir, base_args, {**env, **layout_env})
     pair["model_path"] = str(tiny)
+    skip_below(rows, limits_for_model(str(tiny)).min_steps)
     try:
         servers.start(sp_server_specs(1), args.start_timeout, envs={STOCK: STOCK_ENV})
         pair["servers"] = servers.commands
         for row in rows:
+            if row.get("skipped"):
+                progress.advance(2 * args.reps + 2, note=f"{row['name']}: skipped")
+                continue
             try:
                 _measure_row(args, servers, row, progress)
-            except Exception as exc:  # e.g. a step count the model refuses (Qwen-Image takes 2 or more): the next rows run
+            except Exception as exc:  # a request the server refused or a failure: the next rows run
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
                 c.log(f"{row['name']} failed: {row['error'][:300]}")
     finally:
