@@ -500,7 +500,7 @@ def test_the_queue_behind_the_head_sets_the_deadline_it_is_judged_by() -> None:
     """A queue of short jobs behind two long ones: the head meets its own deadline by waiting, the
     third does not; the head is judged by the deadline that job needs (its own less the two runs
     before it on the same ranks), and a pause is made for it."""
-    from omni_ext.scheduler.preempt import queue_pressure
+    from omni_ext.scheduler.admission import queue_pressure
 
     slots = [5.0, 5.0]
     assert queue_pressure(0.0, slots, [(0.5, 10.0), (0.5, 10.0), (0.5, 5.8)], 2) == (pytest.approx(4.8), 1)
@@ -557,8 +557,8 @@ def test_deadline_pauses_belong_to_the_slo_order() -> None:
 def test_a_short_job_behind_long_ones_is_predicted_to_start_at_a_step_boundary() -> None:
     """``bench stream`` at 0.9 of capacity (seed 1, 2026-12-07): short jobs were told they would wait
     3.8 s at the median (until a long job ended) and waited 0.18 s (a deadline pause a step later)."""
-    from omni_ext.scheduler.preempt import Busy, predicted_starts
-    from omni_ext.scheduler.slots import start_times
+    from omni_ext.scheduler.admission import Busy, predicted_starts
+    from omni_ext.scheduler.admission import start_times
 
     longs = [Busy(6.0, boundary_s=0.3, deadline=100.0), Busy(8.0, boundary_s=0.1, deadline=100.0)]
     short = Waiting("s", priority=0, predicted_s=1.0, deadline=3.0)
@@ -582,7 +582,7 @@ def test_a_paused_job_lets_a_queue_of_short_jobs_through_one_after_another() -> 
     """The executor's pass-on: the paused job does not resume between short jobs that each need the
     pause; the second starts when the first ends, not when the long job does. A job that fits its
     deadline behind them waits for the slot that frees first."""
-    from omni_ext.scheduler.preempt import Busy, predicted_starts
+    from omni_ext.scheduler.admission import Busy, predicted_starts
 
     long_ = Busy(10.0, boundary_s=0.2, deadline=100.0)
     a = Waiting("a", predicted_s=1.0, deadline=3.0)

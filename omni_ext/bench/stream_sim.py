@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from omni_ext.bench.common import percentile
 from omni_ext.bench.schedule import makespan_bound
-from omni_ext.scheduler import preempt
+from omni_ext.scheduler import admission, preempt
 from omni_ext.scheduler.admission import Ticket, in_order
 from omni_ext.scheduler.config import ORDERS, CfgMode, SchedulerConfig
 from omni_ext.scheduler.placement import JobMode, JobNeeds, Layout
@@ -162,7 +162,7 @@ def simulate_preemptive(jobs: Sequence[Job], capacity: int, config: SchedulerCon
         head, behind = order[len(free)], order[len(free) + 1:]
         slo = config.slo_factor
         busy = [s.end - now + (s.paused[1] if s.paused else 0.0) for s in slots if s]
-        deadline, at_risk = preempt.queue_pressure(
+        deadline, at_risk = admission.queue_pressure(
             now, busy, [(t.predicted_s, t.deadline(slo)) for t in [head, *behind]], capacity)
         waiting = preempt.Waiting(head.id, JobNeeds(JobMode.SINGLE), head.priority, head.predicted_s, deadline,
                                   at_risk, arrival=head.arrival)

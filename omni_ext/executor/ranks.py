@@ -49,7 +49,7 @@ from vllm_omni.diffusion.data import DiffusionOutput
 from omni_ext import environment, progress
 from omni_ext.executor import protocol
 from omni_ext.executor.role import PAUSE, board_size, pause_token
-from omni_ext.scheduler import batching, cost, placement, preempt
+from omni_ext.scheduler import admission, batching, cost, placement, preempt
 from omni_ext.scheduler.config import CfgMode, SchedulerConfig
 from omni_ext.models.families import request_cost
 from omni_ext.scheduler.cost import CostModel
@@ -700,7 +700,7 @@ class RankQueue:
 
     def _waiting(self, head: Job, now: float) -> preempt.Waiting:
         """The head as preemption judges it: its deadline, or an earlier one a job queued behind it
-        needs (:func:`omni_ext.scheduler.preempt.queue_pressure`)."""
+        needs (:func:`omni_ext.scheduler.admission.queue_pressure`)."""
         slo = self.sched.slo_factor
         ticket = self.entry(head).ticket
         queued = [e for e in self.jobs.ordered(now, len(self.layout.groups)) if e.payload is not head]
@@ -716,7 +716,7 @@ class RankQueue:
         active = {j.job_id for j in running if not j.is_paused}
         slots = [left(j) + (left(over[j.job_id]) if j.job_id in over else 0.0) for j in running if not j.is_paused]
         slots += [left(p) for p in running if p.is_paused and p.pausing_for not in active]
-        deadline, at_risk = preempt.queue_pressure(now, slots, head_first, len(self.layout.groups))
+        deadline, at_risk = admission.queue_pressure(now, slots, head_first, len(self.layout.groups))
         return preempt.Waiting(head.job_id, head.needs, ticket.priority, ticket.predicted_s, deadline, at_risk,
                                arrival=ticket.arrival)
 

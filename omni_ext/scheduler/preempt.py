@@ -61,15 +61,12 @@ jobs.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from omni_ext.scheduler.config import CfgMode
 from omni_ext.scheduler.placement import JobNeeds, Layout, next_placements
-from omni_ext.scheduler.slots import start_times
 
 #: The reasons a job is preempted (``omni_ext:preemptions_total{reason}``).
 REASONS: tuple[str, ...] = ("priority", "deadline")
@@ -132,34 +129,6 @@ class Preemption:
     for_job: str
     reason: str
     detail: str
-
-
-def queue_pressure(now: float, slots_s: Sequence[float], queued: Sequence[tuple[float | None, float | None]],
-                   capacity: int, depth: int = 8) -> tuple[float | None, int]:
-    """(the deadline the head of the queue is judged by, how many queued jobs would miss theirs).
-
-    ``slots_s``: seconds until each busy slot frees; ``queued``: (predicted seconds, deadline) of the
-    queued jobs in start order, the head first; the first ``depth`` are looked at (up to the first
-    one not predicted). In the list schedule of the slots
-    (:func:`~omni_ext.scheduler.slots.start_times`), a job that misses its deadline waiting
-    counts as at risk; job ``i`` behind the head that does asks the head to be done by its
-    deadline less the predicted runs of jobs 1..i after it on the same ranks (the head's deadline
-    is the earliest of those and its own)."""
-    if not queued:
-        return None, 0
-    best = queued[0][1]
-    jobs = list(itertools.takewhile(lambda job: job[0] is not None, queued[:depth]))
-    starts = start_times(list(slots_s), [p for p, _ in jobs], capacity)
-    behind, at_risk = 0.0, 0
-    for i, ((pred, deadline), start) in enumerate(zip(jobs, starts)):
-        behind += pred if i else 0.0
-        if deadline is None or now + start + pred <= deadline:
-            continue
-        at_risk += 1
-        if i:
-            need = deadline - behind
-            best = need if best is None else min(best, need)
-    return best, at_risk
 
 
 def deadline_pauses(order: str) -> bool:
@@ -246,87 +215,3 @@ def _victim_words(slack_s: float, doomed: bool, at_risk: int) -> str:
     if doomed:
         return f"; the paused job, late already, ends {-slack_s:.1f} s after its deadline"
     return f"; the paused job ends {-slack_s:.1f} s after its deadline ({at_risk} queued deadlines saved)"
-
-
-# ---- start predictions ----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Busy:
-    """A slot as a start prediction sees it: ``remaining_s`` until it frees; ``boundary_s``: seconds
-    until its job can pause, at its next denoise-step boundary (None: it cannot: the server does not
-    preempt, the job is past its loop, or is the warm-up). A slot whose job runs over a paused one
-    frees after both, and its boundary is that job's end, where the paused one may let the next job
-    through; the fields then are the paused job's. Priority, deadline, arrival (the caller's clock)
-    and pauses so far as :class:`Running` has them."""
-
-    remaining_s: float
-    boundary_s: float | None = None
-    priority: int = 0
-    deadline: float | None = None
-    arrival: float | None = None
-    preemptions: int = 0
-
-
-def predicted_starts(now: float, busy: Sequence[Busy], queued: Sequence[Waiting], capacity: int, *,
-                     max_preemptions: int = 8, deadlines: bool = True) -> list[float]:
-    """Seconds from ``now`` until each ``queued`` job (in start order; its own deadline) starts, with
-    the pauses this module would make.
-
-    The list schedule of :func:`~omni_ext.scheduler.slots.start_times` (each job takes the slot
-    that frees first), except that a job for which :func:`pick` pauses a running one starts at that
-    job's next step boundary, and the paused job's slot frees the head's run later than it would
-    have. The paused job resumes when that run ends, and is paused again there for the next job that
-    :func:`pick` lets through (the executor's pass-on: a paused job lets a queue of short jobs through
-    one after another, each pause counted). Without this, a short request arriving behind long ones
-    was told it would start when the first of them ended, and it started a step later: ``bench
-    stream``'s short jobs at 0.9 of capacity were predicted to wait 3.8 s at the median and waited
-    0.18 s (2026-12-07, seed 1).
-
-    Not modelled (each makes a start later than predicted, never earlier): a queued job once started
-    is not paused, a pair's two slots are two slots, and a pause's own cost (milliseconds) is not
-    counted."""
-    capacity = max(1, int(capacity))
-    # the running jobs with the most time left hold their own slot; any beyond capacity (the layout
-    # shrank) start on the slot that frees first, and that slot can no longer pause
-    ordered = sorted(busy, key=lambda b: b.remaining_s, reverse=True)
-    slots: list[tuple[float, Busy | None]] = [(0.0, None)] * capacity  # (frees in s, its job if it may pause)
-    for i, b in enumerate(ordered[:capacity]):
-        slots[i] = (max(0.0, b.remaining_s), b)
-    for b in ordered[capacity:]:
-        first = min(range(capacity), key=lambda i: (slots[i][0], i))
-        slots[first] = (slots[first][0] + max(0.0, b.remaining_s), None)
-    out: list[float] = []
-    for k, job in enumerate(queued):
-        first = min(range(capacity), key=lambda i: (slots[i][0], i))
-        wait = slots[first][0]
-        victim = _predicted_victim(now, slots, queued[k:], capacity, max_preemptions=max_preemptions,
-                                   deadlines=deadlines) if wait > 0 else None
-        run = max(0.0, job.predicted_s or 0.0)
-        if victim is None:
-            out.append(wait)
-            slots[first] = (wait + run, None)
-            continue
-        free_s, paused = slots[victim]
-        assert paused is not None and paused.boundary_s is not None  # only such a slot is a victim
-        out.append(paused.boundary_s)
-        # the job runs there, then the paused one resumes: it may pause again for the next, at once
-        slots[victim] = (free_s + run, dataclasses.replace(paused, remaining_s=free_s + run,
-                                                           boundary_s=paused.boundary_s + run,
-                                                           preemptions=paused.preemptions + 1))
-    return out
-
-
-def _predicted_victim(now: float, slots: Sequence[tuple[float, Busy | None]], jobs: Sequence[Waiting], capacity: int,
-                      *, max_preemptions: int, deadlines: bool) -> int | None:
-    """The slot whose job :func:`pick` pauses for ``jobs[0]`` (judged with the jobs queued behind it,
-    :func:`queue_pressure`), when its step boundary comes before a slot frees anyway."""
-    head = jobs[0]
-    pressure, at_risk = queue_pressure(now, [s for s, _ in slots], [(j.predicted_s, j.deadline) for j in jobs], capacity)
-    judged = Waiting(head.id, None, head.priority, head.predicted_s, head.deadline if pressure is None else pressure,
-                     max(1, at_risk), arrival=head.arrival)
-    wait = min(s for s, _ in slots)
-    fitting = [Running(str(i), head.priority, (i,), remaining_s=s, preemptible=False) if b is None else
-               Running(str(i), b.priority, (i,), remaining_s=s, deadline=b.deadline, arrival=b.arrival,
-                       preemptions=b.preemptions, preemptible=b.boundary_s is not None and b.boundary_s < wait)
-               for i, (s, b) in enumerate(slots)]
-    choice = pick(judged, fitting, now=now, max_preemptions=max_preemptions, deadlines=deadlines)
-    return None if choice is None else int(choice.victim)

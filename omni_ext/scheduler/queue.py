@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from omni_ext.scheduler.admission import Admission, Decision, Estimate, Ticket, in_order, starts
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.cost import CostModel, mode_key, remaining_s
-from omni_ext.scheduler.preempt import Busy
+from omni_ext.scheduler.admission import Busy
 
 #: vLLM-Omni's start-up warm-up request ids start with this
 #: (``vllm_omni.diffusion.request.DUMMY_DIFFUSION_REQUEST_ID`` in 0.30).

@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from omni_ext.scheduler.config import SchedulerConfig
-from omni_ext.scheduler.admission import Ticket, in_order
-from omni_ext.scheduler.slots import slot_free_times
+from omni_ext.scheduler.admission import Ticket, in_order, slot_free_times
+
 
 #: Weight of the newest measurement in a replica's speed factor.
 SPEED_WEIGHT = 0.3
