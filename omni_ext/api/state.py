@@ -358,6 +358,9 @@ def init_state(app_state: Any, args: Any, dispatch: ReplicaDispatch | None = Non
     existing = getattr(app_state, "omni_ext", None)
     if isinstance(existing, ApiState):
         return existing
+    from omni_ext.platform.memory import keep_freed_heap
+
+    keep_freed_heap()  # the routes encode in a thread pool (omni_ext.api.media), on arenas glibc would trim
     settings = load_settings(args)
     name, path, aliases = _served_model(app_state, args)
     limits = limits_for_model(path, served_class(app_state))

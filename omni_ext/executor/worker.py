@@ -56,6 +56,9 @@ def worker_main(rank: int, od_config, conn, cancel_slots=None, environ: dict[str
     from omni_ext.progress import pid_alive
 
     apply_environ(environ)  # a forked worker: the executor's environment, not its fork server's
+    from omni_ext.platform.memory import keep_freed_heap
+
+    keep_freed_heap()  # jobs run in threads of their own (JobThread), on arenas glibc would trim
     shutdown = False
     stop_code = 0
 
