@@ -66,6 +66,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from omni_ext.scheduler.config import SchedulerConfig
 from omni_ext.scheduler.preempt import Running, Waiting, deadline_pauses, pick
@@ -180,17 +181,25 @@ MIN_RETRY_S = 1.0
 
 
 def slot_free_times(running_remaining: Sequence[float], capacity: int) -> list[float]:
-    """A heap of the seconds from now at which each of ``capacity`` slots frees for the queue:
-    ``running_remaining`` (one entry per running job) hold their slots first; more running jobs
-    than slots (a layout change) queue up."""
-    capacity = max(1, int(capacity))
-    slots = [0.0] * capacity
-    running = sorted((max(0.0, r) for r in running_remaining), reverse=True)
-    for i, rest in enumerate(running[:capacity]):
-        slots[i] = rest
+    """A heap of the seconds from now at which each of ``capacity`` slots frees for the queue
+    (:func:`_seed_slots`)."""
+    slots = [free_s for free_s, _ in _seed_slots([(r, None) for r in running_remaining], capacity)]
     heapq.heapify(slots)
-    for rest in running[capacity:]:
-        heapq.heappush(slots, heapq.heappop(slots) + rest)
+    return slots
+
+
+def _seed_slots(running: Sequence[tuple[float, Any]], capacity: int) -> list[tuple[float, Any]]:
+    """``capacity`` slots as (seconds until it frees, its job's tag), from the running jobs as
+    (seconds left, tag): the jobs with the most time left hold a slot each; more running jobs than
+    slots (the layout shrank) queue up on the slot that frees first, whose tag becomes None (its job
+    is no longer the one that ends it)."""
+    capacity = max(1, int(capacity))
+    ordered = sorted(((max(0.0, rest), tag) for rest, tag in running), key=lambda r: r[0], reverse=True)
+    slots: list[tuple[float, Any]] = [(0.0, None)] * capacity
+    slots[:len(ordered[:capacity])] = ordered[:capacity]
+    for rest, _ in ordered[capacity:]:
+        first = min(range(capacity), key=lambda i: (slots[i][0], i))
+        slots[first] = (slots[first][0] + rest, None)
     return slots
 
 
@@ -271,15 +280,8 @@ def predicted_starts(now: float, busy: Sequence[Busy], queued: Sequence[Waiting]
     is not paused, a pair's two slots are two slots, and a pause's own cost (milliseconds) is not
     counted."""
     capacity = max(1, int(capacity))
-    # the running jobs with the most time left hold their own slot; any beyond capacity (the layout
-    # shrank) start on the slot that frees first, and that slot can no longer pause
-    ordered = sorted(busy, key=lambda b: b.remaining_s, reverse=True)
-    slots: list[tuple[float, Busy | None]] = [(0.0, None)] * capacity  # (frees in s, its job if it may pause)
-    for i, b in enumerate(ordered[:capacity]):
-        slots[i] = (max(0.0, b.remaining_s), b)
-    for b in ordered[capacity:]:
-        first = min(range(capacity), key=lambda i: (slots[i][0], i))
-        slots[first] = (slots[first][0] + max(0.0, b.remaining_s), None)
+    # (frees in s, its job if it may pause): a slot with jobs stacked on it (the layout shrank) cannot
+    slots: list[tuple[float, Busy | None]] = _seed_slots([(b.remaining_s, b) for b in busy], capacity)
     out: list[float] = []
     for k, job in enumerate(queued):
         first = min(range(capacity), key=lambda i: (slots[i][0], i))

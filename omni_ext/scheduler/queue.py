@@ -235,8 +235,7 @@ class JobQueue(Generic[P]):
         slots = [self._busy(e, now) for e in running if not e.paused
                  for _ in range(max(1, e.slots) if now >= e.slots_from else 1)]
         free = sorted(range(len(slots)), key=lambda i: slots[i].remaining_s)
-        for e in sorted((e for e in running if e.paused), key=lambda e: -(self.remaining(e, now) or 0.0)):
-            under = self._busy(e, now)
+        for under in sorted((self._busy(e, now) for e in running if e.paused), key=lambda b: -b.remaining_s):
             if not free:
                 slots.append(dataclasses.replace(under, boundary_s=None))
                 continue
