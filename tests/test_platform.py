@@ -81,7 +81,6 @@ def test_platform_class_and_attention_backend() -> None:
     assert torch.allclose(out, ref, atol=1e-6)
 
 
-
 _FAULTS = """
 import resource, statistics, sys, threading, torch
 from omni_ext.platform.memory import keep_freed_heap

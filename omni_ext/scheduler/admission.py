@@ -195,8 +195,8 @@ def _seed_slots(running: Sequence[tuple[float, Any]], capacity: int) -> list[tup
     is no longer the one that ends it)."""
     capacity = max(1, int(capacity))
     ordered = sorted(((max(0.0, rest), tag) for rest, tag in running), key=lambda r: r[0], reverse=True)
-    slots: list[tuple[float, Any]] = [(0.0, None)] * capacity
-    slots[:len(ordered[:capacity])] = ordered[:capacity]
+    slots: list[tuple[float, Any]] = ordered[:capacity]
+    slots += [(0.0, None)] * (capacity - len(slots))
     for rest, _ in ordered[capacity:]:
         first = min(range(capacity), key=lambda i: (slots[i][0], i))
         slots[first] = (slots[first][0] + rest, None)
