@@ -98,6 +98,40 @@ def test_row_figures_ratio_overhead_and_pass() -> None:
     assert slow["figures"]["overhead_ms"]["pass"] is False and slow["pass"] is False
 
 
+def test_ratio_interval_resolves_a_clear_win_and_calls_a_noisy_even_row_a_tie() -> None:
+    # tuned 10 % faster in every alternation, with +-2 % noise: the whole interval lies above 1.00
+    noise = [1.00, 1.02, 0.98, 1.01, 0.99, 1.02, 0.98, 1.00, 1.01]
+    stock = [0.200 * n for n in noise]
+    tuned = [0.180 * n for n in reversed(noise)]
+    low, high = s.ratio_interval(stock, tuned)
+    assert 1.0 < low <= 0.200 / 0.180 <= high < 1.25
+    assert s.ratio_interval(stock, tuned) == (low, high)  # a fixed seed: the same run, the same interval
+    # the same work under both, +-20 % per request (the tiny Qwen-Image rows on 2 cores): it holds 1.00
+    wide = [1.20, 0.85, 1.05, 0.90, 1.15, 0.80, 1.10, 0.95, 1.00]
+    even = s.row_summary([0.14 * n for n in wide], [0.14 * n for n in reversed(wide)], True, expected_reps=9)
+    lo, hi = even["figures"]["tuned_vs_stock"]["interval"]
+    assert lo < 1.0 < hi and hi - lo > 0.1
+    assert s.tie_interval({"name": "x", **even}) == (lo, hi)
+    # too few alternations for an interval; constant latencies give a point
+    assert s.ratio_interval([0.2, 0.2], [0.1, 0.1]) is None
+    assert s.ratio_interval([0.5] * 5, [0.505] * 5) == pytest.approx((0.5 / 0.505, 0.5 / 0.505))
+
+
+def test_a_tie_is_reported_beside_the_verdict_never_instead_of_it() -> None:
+    wide = [1.20, 0.85, 1.05, 0.90, 1.15, 0.80, 1.10, 0.95, 1.00]
+    tie_missed = _row("q2", [0.140 * n for n in wide], [0.1402 * n for n in reversed(wide)])  # 0.999: missed, a tie
+    won = _row("w", [0.2] * 9, [0.18] * 9)
+    slow = _row("s", [0.14 * n for n in wide], [0.16 * n for n in reversed(wide)])  # +20 ms: overhead missed
+    v = s.overall_verdict([tie_missed, won, slow], True, 9)
+    assert v["verdict"] == "FAIL" and v["failed"] == ["q2", "s"]  # a tie still fails
+    assert list(v["ties"]) == ["q2"]  # a row over the overhead goal is a miss, not a tie
+    line = s.verdict_line(v)
+    assert "missed: q2 (a tie: its 95 % interval" in line and "; s" in line and "ties, met or missed" in line
+    table = s.single_table({"rows": [{**s.single_grid((9,), (1,), "64x64", ("wan2.1-t2v",))[0], **tie_missed}],
+                            "overall": v, "pairs": {}})
+    assert table.splitlines()[2].rstrip().endswith("FAIL ratio (tie)") and "95 % interval" in table.splitlines()[0]
+
+
 def test_row_without_runs_or_short_of_its_reps_is_not_judged() -> None:
     empty = s.row_summary([], [], True, expected_reps=5)
     assert empty["pass"] is None and empty["figures"]["tuned_vs_stock"]["value"] is None

@@ -26,6 +26,7 @@ The arithmetic (grid, row figures, verdict, table) is pure and unit-tested in
 from __future__ import annotations
 
 import argparse
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -120,6 +121,32 @@ def row_fields(args, row: dict[str, Any], **over: Any) -> dict[str, Any]:
 
 
 # ---- pure: figures ----------------------------------------------------------------------------------------
+#: Resamples of :func:`ratio_interval` (fixed seed: the same latencies give the same interval).
+RESAMPLES, INTERVAL_SEED = 2000, 0
+
+
+def ratio_interval(stock_s: list[float], tuned_s: list[float], level: float = 0.95,
+                   resamples: int = RESAMPLES) -> tuple[float, float] | None:
+    """The ``level`` bootstrap interval of stock's median latency / tuned's, resampling whole
+    alternations (a stock request and the tuned one sent beside it stay together, as they were measured).
+
+    Why: on this 2-core host one request of a 0.14 s row moves by +-20 %, so a median of 21 alternations
+    still moves by a few per cent from run to run, and a row where both executors do the same work reads
+    0.94 in one grid and 1.06 in the next. The interval says which rows the run resolved: a row whose
+    interval holds 1.00 is a tie this host cannot call either way (its verdict stays what its median
+    says). None with fewer than 3 alternations."""
+    pairs = [(s, t) for s, t in zip(stock_s, tuned_s) if s > 0 and t > 0]
+    if len(pairs) < 3:
+        return None
+    rng = random.Random(INTERVAL_SEED)
+    ratios = []
+    for _ in range(resamples):
+        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(c.median([s for s, _ in draw]) / c.median([t for _, t in draw]))
+    tail = 100.0 * (1.0 - level) / 2.0
+    return c.percentile(ratios, tail), c.percentile(ratios, 100.0 - tail)
+
+
 def row_summary(stock_s: list[float], tuned_s: list[float], measurement: bool,
                 stock_diffuse_s: list[float | None] | None = None, tuned_diffuse_s: list[float | None] | None = None,
                 expected_reps: int | None = None) -> dict[str, Any]:
@@ -129,13 +156,15 @@ def row_summary(stock_s: list[float], tuned_s: list[float], measurement: bool,
     stock's, in ms (goal <= 10; negative when tuned is faster). ``paired_overhead_ms``: the median of
     each alternation's tuned - stock (the two requests sent back to back), reported beside it.
     ``pass``: both goals met; None while either figure has no value, or when the row has fewer than
-    ``expected_reps`` alternations (a request failed part-way: its figures are kept, not judged)."""
+    ``expected_reps`` alternations (a request failed part-way: its figures are kept, not judged).
+    ``tuned_vs_stock`` carries its 95 % bootstrap interval (``interval``, :func:`ratio_interval`)."""
     med_stock = c.median(stock_s) if stock_s else None
     med_tuned = c.median(tuned_s) if tuned_s else None
     over = None if med_stock is None or med_tuned is None else 1000.0 * (med_tuned - med_stock)
     figures = {
         "tuned_vs_stock": c.figure(c.ratio(med_stock, med_tuned), *GOALS["tuned_vs_stock"], measurement,
-                                   note="stock median latency / tuned median latency"),
+                                   note="stock median latency / tuned median latency",
+                                   interval=ratio_interval(stock_s, tuned_s)),
         "overhead_ms": c.figure(over, *GOALS["overhead_ms"], measurement,
                                 note="tuned median latency - stock median latency, ms (negative: tuned faster)"),
     }
@@ -282,10 +311,13 @@ def overall_verdict(rows: list[dict[str, Any]], measurement: bool, reps: int) ->
     """PASS when every row was measured and met both goals; FAIL when any row missed one; INCOMPLETE when
     none missed but some row has no figures (a server or request failed). ``flags`` say what weakens it:
     a busy host at a pair's start (not a measurement) or fewer than :data:`MIN_REPS` alternations. Rows
-    the model cannot run (:func:`skip_below`) are listed apart and not counted."""
+    the model cannot run (:func:`skip_below`) are listed apart and not counted. ``ties``: the rows, met
+    or missed, whose ratio's 95 % interval holds 1.00 (:func:`tie_interval`): their verdicts stand, and
+    say less than the resolved rows'."""
     skipped = [f"{r['name']} ({r['skipped']})" for r in rows if r.get("skipped")]
     rows = [r for r in rows if not r.get("skipped")]
     failed = [r["name"] for r in rows if r.get("pass") is False]
+    ties = {r["name"]: interval for r in rows if (interval := tie_interval(r)) is not None}
     missing = [r["name"] for r in rows if r.get("pass") is None]
     ratios = [r["figures"]["tuned_vs_stock"]["value"] for r in rows if r.get("figures")]
     overheads = [r["figures"]["overhead_ms"]["value"] for r in rows if r.get("figures")]
@@ -305,7 +337,20 @@ def overall_verdict(rows: list[dict[str, Any]], measurement: bool, reps: int) ->
     return {"verdict": word, "pass": ok, "measurement": measurement, "rows": len(rows),
             "rows_met": sum(1 for r in rows if r.get("pass") is True), "failed": failed, "missing": missing,
             "worst_tuned_vs_stock": min(ratios) if ratios else None,
-            "max_overhead_ms": max(overheads) if overheads else None, "flags": flags, "skipped": skipped}
+            "max_overhead_ms": max(overheads) if overheads else None, "flags": flags, "skipped": skipped,
+            "ties": ties}
+
+
+def tie_interval(row: dict[str, Any]) -> tuple[float, float] | None:
+    """A row's ratio interval when the row met the overhead goal and its interval holds the ratio's goal
+    (1.00): a miss or a pass the run cannot tell apart. None otherwise."""
+    figs = row.get("figures") or {}
+    ratio, over = figs.get("tuned_vs_stock") or {}, figs.get("overhead_ms") or {}
+    interval = ratio.get("interval")
+    if not interval or over.get("pass") is False:
+        return None
+    low, high = interval
+    return (low, high) if low < ratio.get("goal_value", GOALS["tuned_vs_stock"][1]) <= high else None
 
 
 def verdict_line(overall: dict[str, Any]) -> str:
@@ -314,17 +359,23 @@ def verdict_line(overall: dict[str, Any]) -> str:
             f"max overhead {c.fmt(overall['max_overhead_ms'], 1)} ms)")
     parts = [head]
     if overall["failed"]:
-        parts.append("missed: " + "; ".join(overall["failed"]))
+        ties = overall.get("ties") or {}
+        parts.append("missed: " + "; ".join(
+            name + (f" (a tie: its 95 % interval {c.fmt(ties[name][0])}-{c.fmt(ties[name][1])} holds 1.00)"
+                    if name in ties else "") for name in overall["failed"]))
     if overall["missing"]:
         parts.append("no figures: " + "; ".join(overall["missing"]))
     if overall.get("skipped"):
         parts.append("not run: " + "; ".join(overall["skipped"]))
+    if overall.get("ties"):
+        parts.append("ties, met or missed (the 95 % interval of tuned_vs_stock holds 1.00): "
+                     + "; ".join(f"{name} {c.fmt(lo)}-{c.fmt(hi)}" for name, (lo, hi) in overall["ties"].items()))
     parts += [f"FLAG: {f}" for f in overall["flags"]]
     return "\n".join(parts)
 
 
 def single_table(result: dict[str, Any]) -> str:
-    """One line per row (median ms stock / tuned, tuned_vs_stock, overhead ms, the paired overhead, the
+    """One line per row (median ms stock / tuned, tuned_vs_stock and its interval, overhead ms, the paired overhead, the
     executor's prediction error of the row's first job and its median over the rest in %, reps, verdict
     with the goals a failed row missed: ``ratio``, ``overhead``), then the overall verdict and any pair's
     error or busy-host warning."""
@@ -339,13 +390,17 @@ def single_table(result: dict[str, Any]) -> str:
                   if (figs.get(key) or {}).get("pass") is False]
         if r.get("pass") is False:
             word = word.replace("FAIL", "FAIL " + "+".join(missed), 1)
+        if tie_interval(r):
+            word += " (tie)"
         pred = r.get("prediction") or {}
         pct = {k: None if pred.get(k) is None else 100.0 * pred[k] for k in ("first_error", "median_abs_error")}
+        interval = (figs.get("tuned_vs_stock") or {}).get("interval")
         rows.append([r["name"], c.fmt(ms["stock"], 1), c.fmt(ms["tuned"], 1),
                      (figs.get("tuned_vs_stock") or {}).get("value"),
+                     f"{c.fmt(interval[0])}-{c.fmt(interval[1])}" if interval else "-",
                      c.fmt((figs.get("overhead_ms") or {}).get("value"), 1), c.fmt(r.get("paired_overhead_ms"), 1),
                      c.fmt(pct["first_error"], 0), c.fmt(pct["median_abs_error"], 0), r.get("reps", 0), word])
-    lines = [c.format_table(["row", "stock ms", "tuned ms", "tuned_vs_stock", "overhead ms", "paired ms",
+    lines = [c.format_table(["row", "stock ms", "tuned ms", "tuned_vs_stock", "95 % interval", "overhead ms", "paired ms",
                              "pred 1st %", "pred |err| %", "reps", "verdict"], rows),
              verdict_line(result["overall"])]
     if any(r.get("breakdown") for r in result["rows"]):
